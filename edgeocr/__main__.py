@@ -1,0 +1,3 @@
+from edgeocr.cli import main
+
+raise SystemExit(main())

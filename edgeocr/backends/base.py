@@ -1,0 +1,36 @@
+"""The one narrow seam every backend implements (ONNX Runtime today, TensorRT next).
+
+A session owns its graphs and its static KV cache, allocated once at load.  The caller owns the
+position: `prefill` writes cache rows [0, S), `step` writes row `pos`.  Host-side RoPE tables come
+in as float32 arrays; logits come back as float32 [V] on the host.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Session(Protocol):
+    name: str            # "onnxruntime-cpu", "onnxruntime-cuda", "tensorrt", ...
+    max_len: int         # static KV cache length, tokens
+    vocab_size: int
+
+    def encode_image(self, pixels: np.ndarray) -> np.ndarray:
+        """pixels: [1, 3, S, S] float32 normalized -> image embeddings [N_img, H] (kept for prefill)."""
+        ...
+
+    def prefill(self, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """input_ids: [S] int64 (image slots included); cos/sin: [S, D] float32.
+        Writes KV rows [0, S); returns logits of the last position, [V] float32."""
+        ...
+
+    def step(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """One decode step for `token_id` at cache row `pos`; cos/sin: [D] float32. Returns [V] float32."""
+        ...
+
+    def memory_bytes(self) -> dict:
+        """{"kv_cache": bytes held by the static KV cache, ...}."""
+        ...

@@ -1,0 +1,70 @@
+"""Minimal CUDA runtime calls through ctypes (no torch, no cupy): device-to-device 2-D copies.
+
+Used by the ONNX Runtime CUDA session to write new KV rows into the static cache in place.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+
+from edgeocr.errors import BackendError
+
+_MEMCPY_D2D = 3   # cudaMemcpyDeviceToDevice
+
+
+class CudaRT:
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        lib.cudaMemcpy2D.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                     ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+        lib.cudaMemcpy2D.restype = ctypes.c_int
+        lib.cudaDeviceSynchronize.restype = ctypes.c_int
+        lib.cudaMemGetInfo.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+
+    def memcpy2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int) -> None:
+        rc = self.lib.cudaMemcpy2D(dst, dpitch, src, spitch, width, height, _MEMCPY_D2D)
+        if rc != 0:
+            raise BackendError(f"cudaMemcpy2D failed with CUDA error {rc}")
+
+    def sync(self) -> None:
+        rc = self.lib.cudaDeviceSynchronize()
+        if rc != 0:
+            raise BackendError(f"cudaDeviceSynchronize failed with CUDA error {rc}")
+
+    def mem_info(self) -> tuple[int, int]:
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        self.lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total))
+        return free.value, total.value
+
+
+def _candidates() -> list[str]:
+    names = [ctypes.util.find_library("cudart")] if ctypes.util.find_library("cudart") else []
+    names += ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
+    for base in sys.path:
+        for pat in ("nvidia/cu13/lib/libcudart.so*", "nvidia/cuda_runtime/lib/libcudart.so*",
+                    "nvidia/cu12/lib/libcudart.so*"):
+            names += sorted(glob.glob(os.path.join(base, pat)))
+    names += sorted(glob.glob("/usr/local/cuda*/lib64/libcudart.so*"))
+    return names
+
+
+_CACHED: CudaRT | None = None
+
+
+def load() -> CudaRT:
+    global _CACHED
+    if _CACHED is not None:
+        return _CACHED
+    errors = []
+    for name in _candidates():
+        try:
+            _CACHED = CudaRT(ctypes.CDLL(name))
+            return _CACHED
+        except OSError as e:
+            errors.append(f"{name}: {e}")
+    raise BackendError("CUDA runtime library (libcudart) not found; install the CUDA runtime "
+                       "(pip install nvidia-cuda-runtime) or JetPack. Tried: " + "; ".join(errors[:4]))

@@ -1,0 +1,235 @@
+"""ONNX Runtime session: CPU, or CUDA with everything device-resident.
+
+KV buffers are allocated once at load and bound by address; each step the decoder reads them as
+read-only inputs and returns only the new rows ([1, KVH, S, D] per layer), which are copied into the
+buffers at `pos` (CPU: a numpy slice assignment; CUDA: one cudaMemcpy2DAsync per tensor).  Nothing is
+concatenated or copied cache-wide per step.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from edgeocr.errors import BackendError
+from edgeocr.manifest import Manifest
+
+log = logging.getLogger("edgeocr")
+
+_NP = {"float32": np.float32, "float16": np.float16}
+
+
+def _ort():
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise BackendError("ONNX Runtime is not installed: pip install 'edgeocr[cpu]' "
+                           "(or 'edgeocr[cuda]' for onnxruntime-gpu)") from None
+    return ort
+
+
+def available_providers() -> list[str]:
+    try:
+        return list(_ort().get_available_providers())
+    except BackendError:
+        return []
+
+
+class OrtSession:
+    """Implements edgeocr.backends.base.Session on ONNX Runtime."""
+
+    def __init__(self, artifact: Path, m: Manifest, device: str = "cpu", threads: int | None = None):
+        ort = _ort()
+        self.m = m
+        kv = m.kv_cache
+        self.layers, self.kvh, self.hd = kv["layers"], kv["kv_heads"], kv["head_dim"]
+        self.max_len = kv["max_len"]
+        self.vocab_size = m.model["text"]["vocab_size"]
+        self.hidden = m.model["text"]["hidden_size"]
+        self.kv_dtype = _NP[kv["dtype"]]
+        if device == "cpu":
+            providers = ["CPUExecutionProvider"]
+        elif device == "cuda":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise BackendError("CUDAExecutionProvider is not available in this onnxruntime "
+                                   f"(providers: {ort.get_available_providers()}); pip install 'edgeocr[cuda]'")
+            providers = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
+        else:
+            raise BackendError(f"unknown device {device!r} for onnxruntime; use 'cpu' or 'cuda'")
+        self.device = device
+        self.name = f"onnxruntime-{device}"
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        if threads:
+            so.intra_op_num_threads = threads
+        try:
+            self.vision = ort.InferenceSession(str(artifact / m.graphs["vision"]["file"]), so, providers=providers)
+            self.decoder = ort.InferenceSession(str(artifact / m.graphs["decoder"]["file"]), so, providers=providers)
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise BackendError(f"ONNX Runtime could not load the graphs in {artifact}: {e}") from None
+        self._ort = ort
+        if device == "cpu":
+            self._init_cpu()
+        else:
+            self._init_cuda()
+
+    # ---------------------------------------------------------------- CPU
+    def _init_cpu(self) -> None:
+        ort = self._ort
+        shape = (1, self.kvh, self.max_len, self.hd)
+        # past_key_i / past_value_i: [1, KVH, MAX, D], allocated once, shared with ORT by address
+        self.k = [np.zeros(shape, self.kv_dtype) for _ in range(self.layers)]
+        self.v = [np.zeros(shape, self.kv_dtype) for _ in range(self.layers)]
+        self.binding = self.decoder.io_binding()
+        for i in range(self.layers):
+            self.binding.bind_ortvalue_input(f"past_key_{i}", ort.OrtValue.ortvalue_from_numpy(self.k[i]))
+            self.binding.bind_ortvalue_input(f"past_value_{i}", ort.OrtValue.ortvalue_from_numpy(self.v[i]))
+        # decode-step buffers, allocated once
+        self.step_ids = np.zeros((1, 1), np.int64)            # [1, 1]
+        self.step_cos = np.zeros((1, 1, self.hd), np.float32)  # [1, 1, D]
+        self.step_sin = np.zeros((1, 1, self.hd), np.float32)
+        self.past_len = np.zeros((1,), np.int64)               # [1]
+        self.no_image = np.zeros((1, self.hidden), np.float32)  # [1, H] placeholder during decode
+        self.step_logits = np.zeros((1, self.vocab_size), np.float32)
+        self.step_new = [np.zeros((1, self.kvh, 1, self.hd), self.kv_dtype) for _ in range(2 * self.layers)]
+        self.image_embeds = None
+
+    def _bind_common(self, ids, embeds, cos, sin) -> None:
+        ort, b = self._ort, self.binding
+        b.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(ids))
+        b.bind_ortvalue_input("image_embeds", ort.OrtValue.ortvalue_from_numpy(embeds))
+        b.bind_ortvalue_input("cos", ort.OrtValue.ortvalue_from_numpy(cos))
+        b.bind_ortvalue_input("sin", ort.OrtValue.ortvalue_from_numpy(sin))
+        b.bind_ortvalue_input("past_len", ort.OrtValue.ortvalue_from_numpy(self.past_len))
+
+    def encode_image(self, pixels: np.ndarray) -> np.ndarray:
+        out = self.vision.run(["image_embeds"], {"pixels": np.ascontiguousarray(pixels, np.float32)})[0]
+        self.image_embeds = np.ascontiguousarray(out, np.float32)   # [N_img, H]
+        if self.device == "cuda":
+            self._image_dev = self._ort.OrtValue.ortvalue_from_numpy(self.image_embeds, "cuda", 0)
+        return self.image_embeds
+
+    def prefill(self, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        if self.device == "cuda":
+            return self._prefill_cuda(input_ids, cos, sin)
+        s = int(input_ids.shape[0])
+        embeds = self.image_embeds if self.image_embeds is not None else self.no_image
+        self.past_len[0] = 0
+        self._bind_common(np.ascontiguousarray(input_ids.reshape(1, s), np.int64), embeds,
+                          np.ascontiguousarray(cos[None], np.float32), np.ascontiguousarray(sin[None], np.float32))
+        b = self.binding
+        b.clear_binding_outputs()
+        for name in self._out_names():
+            b.bind_output(name, "cpu")
+        self.decoder.run_with_iobinding(b)
+        outs = b.get_outputs()
+        for i in range(self.layers):
+            self.k[i][:, :, :s] = outs[1 + i].numpy()
+            self.v[i][:, :, :s] = outs[1 + self.layers + i].numpy()
+        self._bind_step_outputs()
+        return outs[0].numpy()[0]
+
+    def _out_names(self) -> list[str]:
+        return (["logits"] + [f"new_key_{i}" for i in range(self.layers)]
+                + [f"new_value_{i}" for i in range(self.layers)])
+
+    def _bind_step_outputs(self) -> None:
+        ort, b = self._ort, self.binding
+        b.clear_binding_outputs()
+        b.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self.step_logits))
+        for j, name in enumerate(self._out_names()[1:]):
+            b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(self.step_new[j]))
+        self._bind_common(self.step_ids, self.no_image, self.step_cos, self.step_sin)
+
+    def step(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        if not 0 <= pos < self.max_len:
+            raise IndexError(f"cache position {pos} outside [0, {self.max_len})")
+        if self.device == "cuda":
+            return self._step_cuda(token_id, pos, cos, sin)
+        self.step_ids[0, 0] = token_id
+        self.step_cos[0, 0] = cos
+        self.step_sin[0, 0] = sin
+        self.past_len[0] = pos
+        self.decoder.run_with_iobinding(self.binding)
+        for i in range(self.layers):                         # write the new row at `pos`
+            self.k[i][:, :, pos] = self.step_new[i][:, :, 0]
+            self.v[i][:, :, pos] = self.step_new[self.layers + i][:, :, 0]
+        return self.step_logits[0]
+
+    def memory_bytes(self) -> dict:
+        per = self.kvh * self.max_len * self.hd * np.dtype(self.kv_dtype).itemsize
+        return {"kv_cache": 2 * self.layers * per}
+
+    # ---------------------------------------------------------------- CUDA
+    def _init_cuda(self) -> None:
+        from edgeocr.backends import cudart
+
+        ort = self._ort
+        self.cuda = cudart.load()
+        shape = (1, self.kvh, self.max_len, self.hd)
+        self.k = [ort.OrtValue.ortvalue_from_shape_and_type(shape, self.kv_dtype, "cuda", 0) for _ in range(self.layers)]
+        self.v = [ort.OrtValue.ortvalue_from_shape_and_type(shape, self.kv_dtype, "cuda", 0) for _ in range(self.layers)]
+        zeros = np.zeros(shape, self.kv_dtype)
+        for t in self.k + self.v:
+            t.update_inplace(zeros)
+        self.binding = self.decoder.io_binding()
+        for i in range(self.layers):
+            self.binding.bind_ortvalue_input(f"past_key_{i}", self.k[i])
+            self.binding.bind_ortvalue_input(f"past_value_{i}", self.v[i])
+        self.row_bytes = self.hd * np.dtype(self.kv_dtype).itemsize
+        self.step_in = {
+            "input_ids": ort.OrtValue.ortvalue_from_shape_and_type((1, 1), np.int64, "cuda", 0),
+            "cos": ort.OrtValue.ortvalue_from_shape_and_type((1, 1, self.hd), np.float32, "cuda", 0),
+            "sin": ort.OrtValue.ortvalue_from_shape_and_type((1, 1, self.hd), np.float32, "cuda", 0),
+            "past_len": ort.OrtValue.ortvalue_from_shape_and_type((1,), np.int64, "cuda", 0),
+            "image_embeds": ort.OrtValue.ortvalue_from_numpy(np.zeros((1, self.hidden), np.float32), "cuda", 0),
+        }
+        self.step_out = {"logits": ort.OrtValue.ortvalue_from_shape_and_type((1, self.vocab_size), np.float32, "cuda", 0)}
+        for name in self._out_names()[1:]:
+            self.step_out[name] = ort.OrtValue.ortvalue_from_shape_and_type((1, self.kvh, 1, self.hd), self.kv_dtype, "cuda", 0)
+        self._image_dev = None
+        self.image_embeds = None
+
+    def _scatter_rows(self, news: list, pos: int, s: int) -> None:
+        """Copy new rows [1, KVH, s, D] into each cache at rows [pos, pos+s): one 2-D copy per tensor."""
+        for i, dst in enumerate(self.k + self.v):
+            src = news[i]
+            # dst pitch: one head = MAX rows; src pitch: s rows
+            self.cuda.memcpy2d(dst.data_ptr() + pos * self.row_bytes, self.max_len * self.row_bytes,
+                               src.data_ptr(), s * self.row_bytes, s * self.row_bytes, self.kvh)
+        self.cuda.sync()
+
+    def _prefill_cuda(self, input_ids, cos, sin) -> np.ndarray:
+        ort, b = self._ort, self.binding
+        s = int(input_ids.shape[0])
+        b.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(
+            np.ascontiguousarray(input_ids.reshape(1, s), np.int64), "cuda", 0))
+        b.bind_ortvalue_input("image_embeds", self._image_dev if self._image_dev is not None else self.step_in["image_embeds"])
+        b.bind_ortvalue_input("cos", ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(cos[None], np.float32), "cuda", 0))
+        b.bind_ortvalue_input("sin", ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(sin[None], np.float32), "cuda", 0))
+        b.bind_ortvalue_input("past_len", ort.OrtValue.ortvalue_from_numpy(np.zeros((1,), np.int64), "cuda", 0))
+        b.clear_binding_outputs()
+        for name in self._out_names():
+            b.bind_output(name, "cuda", 0)
+        self.decoder.run_with_iobinding(b)
+        outs = b.get_outputs()
+        self._scatter_rows(outs[1:], 0, s)
+        logits = outs[0].numpy()[0]
+        b.clear_binding_outputs()
+        for name, val in self.step_out.items():
+            b.bind_ortvalue_output(name, val)
+        for name, val in self.step_in.items():
+            b.bind_ortvalue_input(name, val)
+        return logits
+
+    def _step_cuda(self, token_id, pos, cos, sin) -> np.ndarray:
+        self.step_in["input_ids"].update_inplace(np.array([[token_id]], np.int64))
+        self.step_in["cos"].update_inplace(np.ascontiguousarray(cos.reshape(1, 1, -1), np.float32))
+        self.step_in["sin"].update_inplace(np.ascontiguousarray(sin.reshape(1, 1, -1), np.float32))
+        self.step_in["past_len"].update_inplace(np.array([pos], np.int64))
+        self.decoder.run_with_iobinding(self.binding)
+        self._scatter_rows([self.step_out[n] for n in self._out_names()[1:]], pos, 1)
+        return self.step_out["logits"].numpy()[0]

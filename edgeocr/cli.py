@@ -1,0 +1,88 @@
+"""`edgeocr` command line: thin wrappers over the library.
+
+    edgeocr run IMAGE... --model ARTIFACT [--task T | --prompt P] [--format text|json] [--stream]
+    edgeocr tasks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from edgeocr.errors import EdgeOCRError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+def _run(args) -> int:
+    from edgeocr.decode import DecodeOptions
+    from edgeocr.model import OCRModel
+
+    model = OCRModel(args.model, device=args.device, threads=args.threads)
+    opts = DecodeOptions(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
+    status = EXIT_OK
+    for img in args.images:
+        try:
+            if args.stream and args.format == "text":
+                res = model.recognize(img, task=args.task, prompt=args.prompt, lang=args.lang, options=opts,
+                                      on_token=lambda _t, d: (sys.stdout.write(d), sys.stdout.flush()))
+                sys.stdout.write("\n")
+            else:
+                res = model.recognize(img, task=args.task, prompt=args.prompt, lang=args.lang, options=opts)
+        except EdgeOCRError as e:
+            print(f"error: {img}: {e}", file=sys.stderr)
+            status = EXIT_ERROR
+            continue
+        if args.format == "json":
+            print(json.dumps({"image": str(img), **res.to_dict()}, ensure_ascii=False))
+        elif not args.stream:
+            if len(args.images) > 1:
+                print(f"== {img}")
+            print(res.text)
+        t = res.timings_ms
+        print(f"[{img}] {res.generated_tokens} tokens, finish={res.finish_reason}, total {t['total']:.0f} ms "
+              f"(vision {t['vision']:.0f}, prefill {t['prefill']:.0f}, {t['per_token']:.2f} ms/token)",
+              file=sys.stderr)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    from edgeocr import prompts
+
+    ap = argparse.ArgumentParser(prog="edgeocr", description="HunyuanOCR at the edge.")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="OCR one or more images")
+    r.add_argument("images", nargs="+", help="image files")
+    r.add_argument("--model", "-m", default=os.environ.get("EDGEOCR_MODEL"),
+                   help="artifact directory (env EDGEOCR_MODEL)")
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--task", "-t", choices=prompts.task_names(), help=f"official task (default {prompts.DEFAULT_TASK})")
+    g.add_argument("--prompt", "-p", help="custom instruction instead of a task")
+    r.add_argument("--lang", choices=["zh", "en"], default="zh", help="prompt language for --task (default zh)")
+    r.add_argument("--format", "-f", choices=["text", "json"], default="text")
+    r.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    r.add_argument("--max-new-tokens", type=int, default=1024)
+    r.add_argument("--repetition-penalty", type=float, default=None, help="default: the artifact's (1.08)")
+    r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    r.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    sub.add_parser("tasks", help="list the official task prompts")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.cmd == "tasks":
+        for k in prompts.task_names():
+            print(f"{k:18s} {prompts.TASKS_ZH[k]}")
+        return EXIT_OK
+    if not args.model:
+        print("error: no model: pass --model ARTIFACT_DIR or set EDGEOCR_MODEL", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return _run(args)
+    except EdgeOCRError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR

@@ -1,0 +1,3 @@
+from quantize.cli import main
+
+raise SystemExit(main())

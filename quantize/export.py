@@ -1,0 +1,178 @@
+"""Export a HunyuanVL checkpoint to a versioned edgeocr artifact directory.
+
+    artifact/
+      manifest.json        what everything is (edgeocr.manifest.FORMAT_VERSION)
+      vision.onnx (+ .data)   [1, 3, S, S] float32 pixels -> [N_img, H] image embeddings
+      decoder.onnx (+ .data)  prefill (S tokens) and decode (S = 1) over a static KV cache
+      tokenizer.json
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+from edgeocr import manifest as mf
+from edgeocr import preprocess
+from quantize.checkpoint import ModelSpec, checkpoint_hash, load_tensors, read_spec
+
+log = logging.getLogger("edgeocr.quantize")
+
+OPSET = 17          # TensorRT 10.3 (JetPack 6) parses <= 20; 17 keeps LayerNormalization available
+IR_VERSION = 8      # readable by ONNX Runtime >= 1.14 and TensorRT 10.x
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    image_size: int = preprocess.CANVAS          # fixed square input, pixels
+    max_cache_len: int = 4096                    # static KV cache length, tokens (prompt + output)
+    max_prefill_len: int = 2048                  # longest prompt the prefill profile accepts, tokens
+    rope_layout: str = "B"                       # "B" = transformers >= 5.13, "A" = vLLM/Tencent training
+    precision: str = "fp32"                      # "fp32" or "fp16" (weights and activations; norms/softmax/RoPE fp32)
+    pad_value: int = preprocess.PAD_VALUE        # letterbox fill, 0..255 (white for documents)
+
+
+def _torch_dtype(precision: str):
+    import torch
+    try:
+        return {"fp32": torch.float32, "fp16": torch.float16}[precision]
+    except KeyError:
+        raise ValueError(f"precision must be 'fp32' or 'fp16', not {precision!r}") from None
+
+
+def _save(model_proto, path: Path) -> None:
+    """Save with weights in `<name>.data` beside the graph (stable name), explicit IR version."""
+    import onnx
+
+    model_proto.ir_version = IR_VERSION
+    data = path.name + ".data"
+    for p in (path, path.with_name(data)):
+        if p.exists():
+            p.unlink()
+    onnx.save_model(model_proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data, size_threshold=1024)
+    onnx.checker.check_model(str(path))
+
+
+def _export(module, args, path: Path, input_names, output_names, dynamic_axes) -> None:
+    import onnx
+    import torch
+
+    tmp = path.with_suffix(".tmp.onnx")
+    with torch.no_grad():
+        torch.onnx.export(module, args, str(tmp), input_names=input_names, output_names=output_names,
+                          dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False,
+                          do_constant_folding=True)
+    proto = onnx.load(str(tmp), load_external_data=True)
+    _save(proto, path)
+    for p in tmp.parent.glob(tmp.name + "*"):
+        p.unlink()
+    tmp.unlink(missing_ok=True)
+
+
+def _io(path: Path) -> dict:
+    """Graph I/O names, shapes (symbolic dims as strings) and dtypes, read back from the file."""
+    import onnx
+
+    m = onnx.load(str(path), load_external_data=False)
+
+    def desc(v):
+        tt = v.type.tensor_type
+        dims = [d.dim_param if d.dim_param else int(d.dim_value) for d in tt.shape.dim]
+        return {"name": v.name, "shape": dims, "dtype": onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name}
+
+    return {"inputs": [desc(v) for v in m.graph.input], "outputs": [desc(v) for v in m.graph.output]}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 22), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
+           progress: Callable[[str], None] | None = None) -> mf.Manifest:
+    """Checkpoint directory -> artifact directory.  Returns the written manifest."""
+    import torch
+
+    from quantize.torch_model import Decoder, VisionEncoder
+
+    say = progress or (lambda msg: log.info("%s", msg))
+    t0 = time.perf_counter()
+    ckpt, out = Path(ckpt), Path(out)
+    if opts.rope_layout not in ("A", "B"):
+        raise ValueError(f"rope_layout must be 'A' or 'B', not {opts.rope_layout!r}")
+    if opts.max_prefill_len > opts.max_cache_len:
+        raise ValueError("max_prefill_len cannot exceed max_cache_len")
+    dtype = _torch_dtype(opts.precision)
+    spec: ModelSpec = read_spec(ckpt)
+    say(f"reading weights from {ckpt}")
+    w = load_tensors(ckpt, spec)
+    src_hash = checkpoint_hash(ckpt)
+    out.mkdir(parents=True, exist_ok=True)
+    t, v = spec.text, spec.vision
+    S = opts.image_size
+    grid = S // v.patch_size
+    n_img = (grid // v.spatial_merge_size) * (grid // v.spatial_merge_size + 1) + 2
+
+    say(f"exporting vision graph [1, 3, {S}, {S}] -> [{n_img}, {t.hidden_size}] ({opts.precision})")
+    ve = VisionEncoder(spec, w, S, dtype).eval()
+    _export(ve, (torch.zeros(1, 3, S, S),), out / "vision.onnx", ["pixels"], ["image_embeds"], None)
+    del ve
+
+    say(f"exporting decoder graph: {t.num_layers} layers, KV cache {opts.max_cache_len} tokens")
+    dec = Decoder(spec, w, opts.max_cache_len, dtype).eval()
+    L, kvh, d = t.num_layers, t.num_kv_heads, t.head_dim
+    ex_s = 3
+    past = [torch.zeros(1, kvh, opts.max_cache_len, d, dtype=dtype) for _ in range(2 * L)]
+    args = (torch.zeros(1, ex_s, dtype=torch.int64), torch.zeros(n_img, t.hidden_size),
+            torch.zeros(1, ex_s, d), torch.zeros(1, ex_s, d), torch.zeros(1, dtype=torch.int64), *past)
+    past_names = [f"past_key_{i}" for i in range(L)] + [f"past_value_{i}" for i in range(L)]
+    new_names = [f"new_key_{i}" for i in range(L)] + [f"new_value_{i}" for i in range(L)]
+    dyn = {"input_ids": {1: "seq"}, "cos": {1: "seq"}, "sin": {1: "seq"}, "image_embeds": {0: "n_image"}}
+    dyn.update({n: {2: "seq"} for n in new_names})
+    _export(dec, args, out / "decoder.onnx", ["input_ids", "image_embeds", "cos", "sin", "past_len", *past_names],
+            ["logits", *new_names], dyn)
+    del dec, w
+
+    shutil.copyfile(ckpt / "tokenizer.json", out / "tokenizer.json")
+    files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != mf.MANIFEST)
+    kv_dtype = "float16" if opts.precision == "fp16" else "float32"
+    m = mf.Manifest(
+        format_version=mf.FORMAT_VERSION,
+        source={"checkpoint": str(ckpt.resolve()), "sha256": src_hash},
+        precision=opts.precision,
+        model=spec.to_dict(),
+        graphs={"vision": {"file": "vision.onnx", **_io(out / "vision.onnx")},
+                "decoder": {"file": "decoder.onnx", **_io(out / "decoder.onnx"),
+                            "max_prefill_len": opts.max_prefill_len}},
+        kv_cache={"layers": L, "kv_heads": kvh, "head_dim": d, "max_len": opts.max_cache_len,
+                  "layout": "per-layer [1, kv_heads, max_len, head_dim]", "dtype": kv_dtype,
+                  "bytes_per_token": 2 * L * kvh * d * (2 if kv_dtype == "float16" else 4)},
+        rope={"layout": opts.rope_layout, "theta": t.rope_theta, "alpha": t.rope_alpha,
+              "sections": list(t.rope_sections), "head_dim": d},
+        preprocess={"canvas": S, "patch_size": v.patch_size, "merge_size": v.spatial_merge_size,
+                    "n_image_tokens": n_img, "mean": list(preprocess.MEAN), "std": list(preprocess.STD),
+                    "pad_value": opts.pad_value, "resample": "bicubic", "placement": "top-left"},
+        tokens={"bos": spec.tokens.bos, "eos": spec.tokens.eos, "eod": spec.tokens.eod, "pad": spec.tokens.pad,
+                "image": spec.tokens.image, "im_start": spec.tokens.im_start, "im_end": spec.tokens.im_end,
+                "user": spec.tokens.user, "system_sep": spec.tokens.system_sep,
+                "stop_ids": list(spec.tokens.stop_ids)},
+        decode={"repetition_penalty": spec.repetition_penalty},
+        tokenizer="tokenizer.json",
+        files={f: {"bytes": (out / f).stat().st_size, "sha256": _sha256(out / f)} for f in files},
+        export={"opset": OPSET, "ir_version": IR_VERSION, "seconds": round(time.perf_counter() - t0, 1),
+                "torch": torch.__version__},
+    )
+    mf.write_manifest(out, m)
+    total = sum(x["bytes"] for x in m.files.values())
+    say(f"wrote {out} ({total / 2**20:.1f} MiB in {len(files)} files, {time.perf_counter() - t0:.1f} s)")
+    return m

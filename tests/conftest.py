@@ -1,0 +1,59 @@
+"""Shared fixtures: tiny random-weight HunyuanVL checkpoints (made with transformers' own
+`hunyuan_vl`) and the artifacts exported from them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
+
+CACHE_LEN = 1536
+PREFILL_LEN = 1400
+
+
+@pytest.fixture(scope="session")
+def ckpt_a(tmp_path_factory):
+    """tiny-a: GQA 2, head_dim 32 != 64/4, 2 layers, tied lm_head, nested config, one safetensors file."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-a", TINY_A, seed=1)
+
+
+@pytest.fixture(scope="session")
+def ckpt_b(tmp_path_factory):
+    """tiny-b: GQA 6, head_dim 24 != 96/6, 3 layers, stored lm_head, flat config, sharded weights."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-b", TINY_B, seed=2, flat_config=True,
+                                max_shard_size="300KB")
+
+
+def _export(ckpt, out, **kw):
+    from quantize.export import ExportOptions, export
+    export(ckpt, out, ExportOptions(max_cache_len=CACHE_LEN, max_prefill_len=PREFILL_LEN, **kw))
+    return out
+
+
+@pytest.fixture(scope="session")
+def art_a(ckpt_a, tmp_path_factory):
+    return _export(ckpt_a, tmp_path_factory.mktemp("art") / "tiny-a")
+
+
+@pytest.fixture(scope="session")
+def art_b(ckpt_b, tmp_path_factory):
+    return _export(ckpt_b, tmp_path_factory.mktemp("art") / "tiny-b")
+
+
+@pytest.fixture(scope="session", params=["a", "b"])
+def pair(request, ckpt_a, ckpt_b, art_a, art_b):
+    """(checkpoint, artifact) for both tiny configs."""
+    return (ckpt_a, art_a) if request.param == "a" else (ckpt_b, art_b)
+
+
+def make_image(seed: int, size=(600, 800)) -> np.ndarray:
+    """Deterministic RGB uint8 image with structure (blocks, lines), HxWx3."""
+    rng = np.random.default_rng(seed)
+    h, w = size
+    img = np.full((h, w, 3), 255, np.uint8)
+    for _ in range(12):
+        y, x = rng.integers(0, h - 40), rng.integers(0, w - 120)
+        img[y:y + rng.integers(8, 40), x:x + rng.integers(30, 120)] = rng.integers(0, 200, 3)
+    img += rng.integers(0, 20, img.shape, dtype=np.uint8)
+    return img

@@ -1,0 +1,158 @@
+"""The runtime against transformers' hunyuan_vl (FP32), token for token and logit for logit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import make_image
+from edgeocr import preprocess, prompts
+from edgeocr.decode import DecodeOptions
+from edgeocr.model import OCRModel
+
+import reference as ref
+
+VISION_TOL = 2e-4     # max abs difference of image embeddings (values of order 1-5)
+LOGIT_TOL = 2e-3      # max abs difference of logits (values of order 5-10)
+N_STEPS = 10
+
+
+class Recorder:
+    """Delegating Session that keeps a copy of every logits vector the backend returns."""
+
+    def __init__(self, inner):
+        self.inner, self.logits = inner, []
+        self.name, self.max_len, self.vocab_size = inner.name, inner.max_len, inner.vocab_size
+
+    def encode_image(self, pixels):
+        return self.inner.encode_image(pixels)
+
+    def prefill(self, ids, cos, sin):
+        out = self.inner.prefill(ids, cos, sin)
+        self.logits.append(out.copy())
+        return out
+
+    def step(self, tok, pos, cos, sin):
+        out = self.inner.step(tok, pos, cos, sin)
+        self.logits.append(out.copy())
+        return out
+
+    def memory_bytes(self):
+        return self.inner.memory_bytes()
+
+
+def run_recorded(model: OCRModel, image, task=None, prompt=None, lang="zh", n=N_STEPS):
+    rec = Recorder(model.session)
+    model.session = rec
+    try:
+        res = model.recognize(image, task=task, prompt=prompt, lang=lang,
+                              options=DecodeOptions(max_new_tokens=n))
+    finally:
+        model.session = rec.inner
+    return res, np.stack(rec.logits)
+
+
+def runtime_inputs(model: OCRModel, image, task=None, prompt=None, lang="zh"):
+    prep = model.prepare(image)
+    instruction, _ = model.instruction(task, prompt, lang)
+    return prep.pixels, model.prompt_ids(instruction)
+
+
+@pytest.fixture(scope="module")
+def models(art_a, art_b):
+    return {"a": OCRModel(art_a), "b": OCRModel(art_b)}
+
+
+def test_preprocessing_matches_reference_processor():
+    """Our letterbox+normalize equals HunYuanVLImageProcessorPil on the letterboxed canvas."""
+    from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import HunYuanVLImageProcessorPil
+
+    canvas, lb = preprocess.letterbox(Image.fromarray(make_image(3, (500, 900))))
+    assert (lb.new_w, lb.new_h) == (1024, round(500 * 1024 / 900))
+    out = HunYuanVLImageProcessorPil(min_pixels=512 * 512, max_pixels=4096 * 4096)(
+        images=Image.fromarray(canvas), return_tensors="np")
+    assert out["image_grid_thw"].tolist() == [[1, 64, 64]]
+    ours = preprocess.patchify(preprocess.normalize(canvas))
+    np.testing.assert_allclose(ours, out["pixel_values"], atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vision_embeddings_match(pair, models, seed):
+    ckpt, art = pair
+    model = models["a" if art.name == "tiny-a" else "b"]
+    pixels, _ = runtime_inputs(model, make_image(seed))
+    ours = model.session.encode_image(pixels)
+    theirs = ref.image_embeds(ref.load(ckpt), pixels)
+    assert ours.shape == theirs.shape == (1058, model.manifest.model["text"]["hidden_size"])
+    assert np.abs(ours - theirs).max() < VISION_TOL
+
+
+@pytest.mark.parametrize("seed", [0, 5, 9])
+def test_logits_teacher_forced_and_tokens_match(pair, models, seed):
+    """Every step's logits (prefill + decode over the generated sequence) match the reference's
+    teacher-forced logits, and greedy tokens equal transformers `generate`."""
+    ckpt, art = pair
+    model = models["a" if art.name == "tiny-a" else "b"]
+    image = make_image(seed, (480 + 40 * seed, 900 - 30 * seed))
+    res, ours = run_recorded(model, image, task="spotting")
+    pixels, ids = runtime_inputs(model, image, task="spotting")
+    hf = ref.load(ckpt)
+    seq = np.concatenate([ids, np.asarray(res.token_ids[:-1], np.int64)])
+    theirs = ref.logits(hf, pixels, seq)[len(ids) - 1:]
+    assert ours.shape == theirs.shape
+    err = np.abs(ours - theirs).max(axis=1)
+    assert err.max() < LOGIT_TOL, f"per-step max |Δlogit| {err}"
+    gen = ref.generate(hf, pixels, ids, N_STEPS, model.stop_ids, model.manifest.decode["repetition_penalty"])
+    assert res.token_ids == gen
+
+
+@pytest.mark.parametrize("task,lang", [(t, "zh") for t in prompts.task_names()]
+                         + [(t, "en") for t in sorted(prompts.TASKS_EN)])
+def test_every_task_prompt_matches_generate(ckpt_a, models, task, lang):
+    model = models["a"]
+    image = make_image(11)
+    res, ours = run_recorded(model, image, task=task, lang=lang, n=6)
+    pixels, ids = runtime_inputs(model, image, task=task, lang=lang)
+    hf = ref.load(ckpt_a)
+    seq = np.concatenate([ids, np.asarray(res.token_ids[:-1], np.int64)])
+    assert np.abs(ours - ref.logits(hf, pixels, seq)[len(ids) - 1:]).max() < LOGIT_TOL
+    assert res.token_ids == ref.generate(hf, pixels, ids, 6, model.stop_ids, 1.08)
+
+
+def test_custom_prompt_matches(ckpt_b, models):
+    model = models["b"]
+    image = make_image(4)
+    res, ours = run_recorded(model, image, prompt="Output the value of Total.", n=5)
+    pixels, ids = runtime_inputs(model, image, prompt="Output the value of Total.")
+    seq = np.concatenate([ids, np.asarray(res.token_ids[:-1], np.int64)])
+    assert np.abs(ours - ref.logits(ref.load(ckpt_b), pixels, seq)[len(ids) - 1:]).max() < LOGIT_TOL
+
+
+def test_logit_check_is_sensitive(ckpt_a, art_a, models):
+    """The tolerance is meaningful: a wrong rope layout or another image moves logits past it."""
+    model = models["a"]
+    image = make_image(0)
+    pixels, ids = runtime_inputs(model, image, task="spotting")
+    theirs = ref.logits(ref.load(ckpt_a), pixels, ids)[-1]
+    _, good = run_recorded(model, image, task="spotting", n=1)
+    assert np.abs(good[0] - theirs).max() < LOGIT_TOL
+    wrong_layout = OCRModel(art_a, rope_layout="A")
+    _, bad = run_recorded(wrong_layout, image, task="spotting", n=1)
+    assert np.abs(bad[0] - theirs).max() > 20 * LOGIT_TOL
+    _, other = run_recorded(model, make_image(1), task="spotting", n=1)
+    assert np.abs(other[0] - theirs).max() > 20 * LOGIT_TOL
+
+
+def test_streaming_equals_batch(models):
+    model = models["a"]
+    image = make_image(2)
+    events = list(model.stream(image, task="structured_parse", options=DecodeOptions(max_new_tokens=8)))
+    streamed = model.last_result
+    batch = model.recognize(image, task="structured_parse", options=DecodeOptions(max_new_tokens=8))
+    assert [t for t, _ in events] == batch.token_ids == streamed.token_ids
+    assert "".join(d for _, d in events) == model.tokenizer.decode(batch.token_ids)
+    seen = []
+    cb = model.recognize(image, task="structured_parse", options=DecodeOptions(max_new_tokens=8),
+                         on_token=lambda t, d: seen.append(t))
+    assert seen == cb.token_ids == batch.token_ids
