@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up a development/CI environment in .venv: CPU torch (pinned, from the local wheel where present),
+# edgeocr with its export, data and dev extras, and the fonts the document generator renders with.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    if ! fc-list 2>/dev/null | grep -qi "Noto Sans CJK"; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            fonts-noto-cjk fonts-wqy-microhei fonts-arphic-uming fonts-liberation2 fonts-dejavu-core \
+            fontconfig >/dev/null
+    fi
+fi
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
+# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build
+.venv/bin/pip install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/pip install -q -e '.[cpu,export,data,dev]' 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import torch, transformers, onnxruntime, edgeocr; print('edgeocr', edgeocr.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| onnxruntime', onnxruntime.__version__)"

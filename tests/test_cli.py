@@ -1,0 +1,60 @@
+"""The command lines, run as users run them (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from PIL import Image
+
+from conftest import make_image
+
+
+def run(*args, check=True):
+    p = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{args} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def test_import_is_light():
+    code = ("import sys, edgeocr, edgeocr.cli, edgeocr.model, edgeocr.backends.ort; "
+            "heavy = [m for m in ('torch', 'transformers', 'onnx', 'onnxruntime', 'cv2') if m in sys.modules]; "
+            "print(heavy)")
+    assert run("-c", code).stdout.strip() == "[]"
+
+
+def test_run_text_json_and_errors(art_a, tmp_path):
+    img = tmp_path / "page.png"
+    Image.fromarray(make_image(0)).save(img)
+    p = run("-m", "edgeocr", "run", str(img), "--model", str(art_a), "--task", "spotting", "--format", "json",
+            "--max-new-tokens", "4")
+    out = json.loads(p.stdout.strip().splitlines()[0])
+    assert out["generated_tokens"] == 4 and out["finish_reason"] == "length" and out["task"] == "spotting"
+    assert {"vision", "prefill", "decode", "total", "first_token", "per_token"} <= set(out["timings_ms"])
+    assert "tokens, finish=length" in p.stderr
+    p = run("-m", "edgeocr", "run", str(img), "--model", str(art_a), "--stream", "--max-new-tokens", "3")
+    assert "finish=length" in p.stderr
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"nope")
+    p = run("-m", "edgeocr", "run", str(bad), str(img), "--model", str(art_a), "--max-new-tokens", "2", check=False)
+    assert p.returncode == 1 and "not a recognized image format" in p.stderr and "finish=length" in p.stderr
+    p = run("-m", "edgeocr", "run", str(img), "--model", str(tmp_path), check=False)
+    assert p.returncode == 1 and "no manifest.json" in p.stderr and "Traceback" not in p.stderr
+    p = run("-m", "edgeocr", "run", str(img), check=False)
+    assert p.returncode == 2 and "no model" in p.stderr
+
+
+def test_tasks_listing():
+    assert "spotting" in run("-m", "edgeocr", "tasks").stdout
+
+
+def test_export_cli_reports_sizes(ckpt_a, tmp_path):
+    p = run("-m", "quantize", "export", str(ckpt_a), str(tmp_path / "art"), "--max-cache-len", "1200",
+            "--max-prefill-len", "1100")
+    assert "MiB  total" in p.stdout and "exporting decoder graph" in p.stderr
+    m = json.loads((tmp_path / "art" / "manifest.json").read_text())
+    assert m["kv_cache"]["max_len"] == 1200 and m["rope"]["layout"] == "B"
+    p = run("-m", "quantize", "export", str(tmp_path), str(tmp_path / "x"), check=False)
+    assert p.returncode == 2 and "missing config.json" in p.stderr

@@ -1,0 +1,131 @@
+"""Bad input gets a clear error naming what is wrong, never a crash."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import make_image
+from edgeocr import ArtifactError, ImageError, PromptError
+from edgeocr.decode import DecodeOptions
+from edgeocr.model import OCRModel
+
+
+@pytest.fixture(scope="module")
+def model(art_a):
+    return OCRModel(art_a)
+
+
+def _png(arr) -> bytes:
+    b = io.BytesIO()
+    Image.fromarray(arr).save(b, "PNG")
+    return b.getvalue()
+
+
+def test_unreadable_and_truncated_images(model, tmp_path):
+    good = _png(make_image(0))
+    cases = {
+        "truncated.png": (good[: len(good) // 2], "truncated or corrupt"),
+        "empty.png": (b"", "empty file"),
+        "text.png": (b"hello, I am not an image", "not a recognized image format"),
+    }
+    for name, (data, msg) in cases.items():
+        p = tmp_path / name
+        p.write_bytes(data)
+        with pytest.raises(ImageError, match=msg):
+            model.recognize(p)
+    with pytest.raises(ImageError, match="no such file"):
+        model.recognize(tmp_path / "missing.png")
+    with pytest.raises(ImageError, match="is a directory"):
+        model.recognize(tmp_path)
+    with pytest.raises(ImageError, match="truncated or corrupt"):
+        model.recognize(good[:200])
+    # the model still works after all that
+    assert model.recognize(good, options=DecodeOptions(max_new_tokens=2)).generated_tokens >= 1
+
+
+def test_extreme_aspect_ratio(model):
+    with pytest.raises(ImageError, match="aspect ratio"):
+        model.recognize(np.zeros((2, 1000, 3), np.uint8))
+    with pytest.raises(ImageError, match="aspect ratio"):
+        model.recognize(_png(np.zeros((1000, 3, 3), np.uint8)))
+    # 1:100 is allowed and runs
+    r = model.recognize(np.zeros((10, 1000, 3), np.uint8), options=DecodeOptions(max_new_tokens=2))
+    assert r.image_size == (1000, 10)
+
+
+def test_bad_numpy_images(model):
+    with pytest.raises(ImageError, match="uint8"):
+        model.recognize(np.zeros((10, 10, 3), np.float32))
+    with pytest.raises(ImageError, match="shape"):
+        model.recognize(np.zeros((10, 10, 5), np.uint8))
+    with pytest.raises(ImageError, match="empty"):
+        model.recognize(np.zeros((0, 10, 3), np.uint8))
+    with pytest.raises(ImageError, match="unsupported image type"):
+        model.recognize(12345)
+
+
+def test_pixel_bomb_refused_before_decode():
+    from edgeocr import preprocess
+    big = _png(np.zeros((300, 300, 3), np.uint8))
+    with pytest.raises(ImageError, match="exceeds the limit"):
+        preprocess.decode_bytes(big, "bomb.png", max_pixels=300 * 299)
+
+
+def test_grayscale_and_rgba_accepted(model):
+    gray = Image.fromarray(np.full((64, 64), 128, np.uint8), "L")
+    rgba = Image.fromarray(np.zeros((64, 64, 4), np.uint8), "RGBA")
+    for im in (gray, rgba):
+        b = io.BytesIO()
+        im.save(b, "PNG")
+        assert model.recognize(b.getvalue(), options=DecodeOptions(max_new_tokens=1)).generated_tokens == 1
+
+
+def test_prompt_errors(model):
+    img = make_image(0)
+    with pytest.raises(PromptError, match="longer than"):
+        model.recognize(img, prompt="word " * 2000)
+    with pytest.raises(PromptError, match="unknown task"):
+        model.recognize(img, task="poetry")
+    with pytest.raises(PromptError, match="non-empty"):
+        model.recognize(img, prompt="   ")
+    with pytest.raises(PromptError, match="max_new_tokens"):
+        model.recognize(img, options=DecodeOptions(max_new_tokens=0))
+
+
+def test_artifact_errors(art_a, tmp_path):
+    with pytest.raises(ArtifactError, match="no such artifact directory"):
+        OCRModel(tmp_path / "nope")
+    with pytest.raises(ArtifactError, match="no manifest.json"):
+        OCRModel(tmp_path)
+    with pytest.raises(ArtifactError, match="not a directory"):
+        OCRModel(art_a / "manifest.json")
+    bad = tmp_path / "old"
+    shutil.copytree(art_a, bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["format_version"] = 99
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="format_version 99"):
+        OCRModel(bad)
+    m["format_version"] = 1
+    (bad / "manifest.json").write_text(json.dumps(m))
+    (bad / "decoder.onnx.data").write_bytes(b"short")
+    with pytest.raises(ArtifactError, match="decoder.onnx.data"):
+        OCRModel(bad)
+    (bad / "manifest.json").write_text("{not json")
+    with pytest.raises(ArtifactError, match="not valid JSON"):
+        OCRModel(bad)
+
+
+def test_cache_full_is_reported(art_a, tmp_path):
+    """A generation that reaches the end of the static cache stops with finish_reason cache_full."""
+    model = OCRModel(art_a)
+    r = model.recognize(make_image(0), task="structured_parse",
+                        options=DecodeOptions(max_new_tokens=5000, ignore_stop=True, tail_repetition_stop=False))
+    assert r.finish_reason == "cache_full"
+    assert r.prompt_tokens + r.generated_tokens == model.session.max_len + 1

@@ -1,0 +1,134 @@
+"""Pure functions: rope positions and tables, repetition penalty, spotting parse, cleanup, prompts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from edgeocr import decode, postprocess, preprocess, prompts, rope
+
+
+def test_position_ids_match_transformers_get_rope_index(ckpt_a):
+    import reference as ref
+    hf = ref.load(ckpt_a)
+    cfg = hf.config
+    img = cfg.image_token_id
+    # grid (1, 4, 6) -> 2x3 merged grid + newline column -> 8 grid tokens + begin/end = 10 slots
+    ids = torch.tensor([[1, 2, 3] + [img] * 10 + [4, 5, 6, 7]])
+    pos, _ = hf.model.get_rope_index(ids, (ids == img).int(), torch.tensor([[1, 4, 6]]))
+    ours = rope.position_ids(ids.shape[1], 3, (4, 6), 2)
+    np.testing.assert_array_equal(ours, pos[:, 0].numpy())
+    # spec §4.2 worked example (axis w)
+    assert ours[1, 3:13].tolist() == [3, 0, 1, 2, 3, 0, 1, 2, 3, 12]
+
+
+def test_cos_sin_match_transformers_rotary(ckpt_a):
+    import reference as ref
+    hf = ref.load(ckpt_a)
+    tc = hf.config.text_config
+    rot = hf.model.language_model.rotary_emb
+    pos = rope.position_ids(40, 5, (8, 8), 2)
+    cos_ref, sin_ref = rot(torch.zeros(1, dtype=torch.float32), torch.from_numpy(pos)[:, None, :])
+    freqs = rope.inv_freq(tc.head_dim, tc.rope_parameters["rope_theta"], tc.rope_parameters["alpha"])
+    np.testing.assert_allclose(freqs, rot.inv_freq.numpy(), rtol=1e-6)
+    cos, sin = rope.cos_sin(pos, freqs, tuple(tc.rope_parameters["mrope_section"]), "B")
+    np.testing.assert_allclose(cos, cos_ref[0].numpy(), atol=1e-5)
+    np.testing.assert_allclose(sin, sin_ref[0].numpy(), atol=1e-5)
+
+
+def test_real_model_frequencies():
+    f = rope.inv_freq(128, 10000.0, 1000.0)
+    np.testing.assert_allclose(f[:4], [1.0, 0.7760344, 0.6022294, 0.4673507], rtol=1e-6)
+
+
+def test_layouts_agree_on_text_and_differ_on_image_grid():
+    f = rope.inv_freq(32, 1e4, 1000.0)
+    pos = rope.position_ids(30, 2, (8, 8), 2)
+    a = rope.cos_sin(pos, f, (4, 4, 4, 4), "A")[0]
+    b = rope.cos_sin(pos, f, (4, 4, 4, 4), "B")[0]
+    np.testing.assert_array_equal(a[:3], b[:3])          # text before the grid
+    assert np.abs(a[3:20] - b[3:20]).max() > 0.1          # grid tokens
+    with pytest.raises(ValueError):
+        rope.axis_of_dim(32, (4, 4, 4, 4), "C")
+
+
+def test_text_table_equals_general_path():
+    f = rope.inv_freq(24, 1e4, 1000.0)
+    tc, ts = rope.text_table(64, f)
+    c, s = rope.cos_sin(rope.position_ids(64, None, None, 2), f, (3, 3, 3, 3), "B")
+    np.testing.assert_allclose(tc, c, atol=1e-6)
+    np.testing.assert_allclose(ts, s, atol=1e-6)
+
+
+def test_repetition_penalty_matches_hf_processor():
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(50).astype(np.float32) * 3
+    ids = np.array([3, 7, 7, 11, 49, 0])
+    ours = decode.RepetitionPenalty(50, 1.08, ids)(logits.copy())
+    theirs = RepetitionPenaltyLogitsProcessor(1.08)(torch.from_numpy(ids)[None], torch.from_numpy(logits)[None])
+    np.testing.assert_allclose(ours, theirs[0].numpy(), rtol=1e-6)
+    rp = decode.RepetitionPenalty(50, 1.08, ids)
+    rp.add(20)
+    rp.add(20)
+    assert sorted(rp.ids.tolist()) == [0, 3, 7, 11, 20, 49]
+
+
+def test_tail_repeats():
+    assert decode.tail_repeats("intro " + "ab" * 8, 8000, 8)
+    assert not decode.tail_repeats("intro " + "ab" * 7, 8000, 8)
+    assert not decode.tail_repeats("x" + " " * 40, 8000, 8)   # pure whitespace unit is not a loop
+    assert decode.tail_repeats("start" + "<td>1</td>" * 9, 8000, 8)
+
+
+def test_clean_repeated_substrings():
+    body = "x" * 2000
+    assert postprocess.clean_repeated_substrings(body + "abc" * 12) == body + "abc"
+    assert postprocess.clean_repeated_substrings("short" + "ab" * 20) == "short" + "ab" * 20
+    assert postprocess.clean_repeated_substrings(body + "q") == body + "q"
+
+
+def test_parse_spotting_maps_boxes_back_to_original_pixels():
+    lb = preprocess.Letterbox(width=2000, height=1000, scale=1024 / 2000, new_w=1024, new_h=512)
+    text = "Total (USD)(100,50),(500,100)合计 ¥1,234.00(0,0),(1000,500)"
+    lines = postprocess.parse_spotting(text, lb, 1024)
+    assert [ln.text for ln in lines] == ["Total (USD)", "合计 ¥1,234.00"]
+    assert lines[0].box_norm == (100, 50, 500, 100)
+    assert lines[0].box == (200, 100, 1000, 200)
+    assert lines[1].box == (0, 0, 2000, 1000)
+
+
+def test_parse_spotting_json_form():
+    lb = preprocess.Letterbox(width=1024, height=1024, scale=1.0, new_w=1024, new_h=1024)
+    lines = postprocess.parse_spotting('[{"box": [0, 0, 500, 500], "text": "A"}]', lb, 1024)
+    assert lines[0].text == "A" and lines[0].box == (0, 0, 512, 512)
+
+
+def test_prompt_layout():
+    t = prompts.PromptTokens(bos=1, system_sep=2, im_start=3, im_end=4, image=5, user=6)
+    assert prompts.build_prompt_ids(t, 3, [9, 9]) == [1, 2, 3, 5, 5, 5, 4, 9, 9, 6]
+    assert "JSON" in prompts.field_extraction_prompt(["Total", "Date"])
+    with pytest.raises(prompts.PromptError):
+        prompts.task_prompt("nope")
+    with pytest.raises(prompts.PromptError):
+        prompts.task_prompt("layout", "en")
+    with pytest.raises(prompts.PromptError):
+        prompts.field_extraction_prompt([])
+
+
+def test_real_spotting_prompt_text():
+    # spec §6 test vector's source text
+    assert prompts.task_prompt("spotting") == "检测并识别图片中的文字，将文本坐标格式化输出。"
+
+
+def test_letterbox_geometry():
+    from PIL import Image
+    img = Image.fromarray(np.zeros((100, 400, 3), np.uint8))
+    canvas, lb = preprocess.letterbox(img)
+    assert canvas.shape == (1024, 1024, 3) and (lb.new_w, lb.new_h) == (1024, 256)
+    assert (canvas[256:] == 255).all() and (canvas[:256] == 0).all()
+    assert lb.to_original(512, 128) == (200, 50)
+    small = Image.fromarray(np.zeros((10, 20, 3), np.uint8))
+    _, lb2 = preprocess.letterbox(small)
+    assert (lb2.new_w, lb2.new_h) == (1024, 512)
