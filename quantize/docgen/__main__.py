@@ -1,0 +1,3 @@
+from quantize.docgen import main
+
+raise SystemExit(main())
