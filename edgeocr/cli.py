@@ -50,6 +50,39 @@ def _run(args) -> int:
     return status
 
 
+def _bench(args) -> int:
+    from edgeocr import bench
+
+    image = args.image or _synthetic_page()
+    try:
+        r = bench.bench(args.artifact, image, device=args.device, tokens=args.tokens, repeats=args.repeats,
+                        task=args.task, threads=args.threads)
+        hf = None
+        if args.compare_transformers:
+            hf = bench.bench_transformers(args.compare_transformers, args.artifact, image, args.tokens, args.task)
+    except EdgeOCRError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    print(bench.format_table(r, hf))
+    if args.json:
+        Path(args.json).write_text(bench.to_json(r, hf))
+    return EXIT_OK
+
+
+def _synthetic_page():
+    """A deterministic page with text-like blocks (no files needed)."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    img = np.full((1400, 1000, 3), 250, np.uint8)
+    for y in range(80, 1300, 38):
+        x = 60
+        while x < 900:
+            w = int(rng.integers(20, 90))
+            img[y:y + 18, x:x + w] = 30
+            x += w + int(rng.integers(8, 20))
+    return img
+
+
 def main(argv: list[str] | None = None) -> int:
     from edgeocr import prompts
 
@@ -70,6 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--repetition-penalty", type=float, default=None, help="default: the artifact's (1.08)")
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    b = sub.add_parser("bench", help="per-stage timings, tokens/s and memory (fixed output length)")
+    b.add_argument("artifact", help="artifact directory")
+    b.add_argument("--image", help="image to use (default: a built-in synthetic page)")
+    b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    b.add_argument("--tokens", type=int, default=64, help="tokens to generate (stop ids ignored)")
+    b.add_argument("--repeats", type=int, default=1, help="timed runs; the fastest is reported")
+    b.add_argument("--task", choices=prompts.task_names(), default="spotting")
+    b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--compare-transformers", metavar="CHECKPOINT",
+                   help="also run transformers generate (bf16, sdpa) on this checkpoint and print ratios")
+    b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     sub.add_parser("tasks", help="list the official task prompts")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -78,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         for k in prompts.task_names():
             print(f"{k:18s} {prompts.TASKS_ZH[k]}")
         return EXIT_OK
+    if args.cmd == "bench":
+        return _bench(args)
     if not args.model:
         print("error: no model: pass --model ARTIFACT_DIR or set EDGEOCR_MODEL", file=sys.stderr)
         return EXIT_USAGE

@@ -47,6 +47,7 @@ class DecodeState:
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
     first_token_ms: float = 0.0                          # prefill end -> first token chosen
+    step_ms: list[float] = field(default_factory=list)   # wall time of each decode step (session.step)
 
 
 class RepetitionPenalty:
@@ -125,5 +126,7 @@ def greedy(session: Session, prompt_ids: np.ndarray, cos: np.ndarray, sin: np.nd
         if st.finish_reason:
             break
         rp.add(tok)
+        ts = time.perf_counter()
         logits = session.step(tok, pos, table_cos[pos], table_sin[pos])
+        st.step_ms.append((time.perf_counter() - ts) * 1e3)
     st.decode_ms = (time.perf_counter() - t1) * 1e3

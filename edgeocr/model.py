@@ -31,6 +31,7 @@ class OCRResult:
     timings_ms: dict[str, float]       # load, preprocess, vision, prefill, decode, total, first_token, per_token
     task: str | None                   # task key, or None for a custom prompt
     image_size: tuple[int, int]        # original (width, height)
+    step_ms: tuple[float, ...] = ()    # wall time of each decode step, ms
 
     def to_dict(self) -> dict:
         return {
@@ -188,4 +189,4 @@ class OCRModel:
                         "total": (time.perf_counter() - t_start) * 1e3})
         return OCRResult(text=text, lines=lines, finish_reason=st.finish_reason, prompt_tokens=len(ids),
                          generated_tokens=n, token_ids=list(st.tokens), timings_ms=timings, task=task_key,
-                         image_size=(prep.letterbox.width, prep.letterbox.height))
+                         image_size=(prep.letterbox.width, prep.letterbox.height), step_ms=tuple(st.step_ms))

@@ -127,11 +127,22 @@ def letterbox(img, canvas: int = CANVAS, pad_value: int = PAD_VALUE) -> tuple[np
     return out, Letterbox(width=w, height=h, scale=scale, new_w=nw, new_h=nh)
 
 
+def _lut() -> np.ndarray:
+    """[3, 256] float32: the normalized value of every uint8 level per channel, (v/255 - mean) / std."""
+    v = np.arange(256, dtype=np.float32) * np.float32(1 / 255)
+    return np.stack([(v - np.float32(m)) / np.float32(s) for m, s in zip(MEAN, STD)])
+
+
+_LUT = _lut()
+
+
 def normalize(canvas_rgb: np.ndarray, dtype=np.float32) -> np.ndarray:
-    """uint8 [S, S, 3] -> [1, 3, S, S] (x/255 - mean) / std, computed in float32."""
-    x = canvas_rgb.astype(np.float32) * np.float32(1 / 255)
-    x = (x - np.asarray(MEAN, np.float32)) / np.asarray(STD, np.float32)
-    return np.ascontiguousarray(x.transpose(2, 0, 1)[None]).astype(dtype, copy=False)
+    """uint8 [S, S, 3] -> [1, 3, S, S] (x/255 - mean) / std in float32, through a per-channel lookup table."""
+    chw = np.ascontiguousarray(canvas_rgb.transpose(2, 0, 1))         # [3, S, S] uint8
+    out = np.empty((1,) + chw.shape, np.float32)
+    for c in range(3):
+        np.take(_LUT[c], chw[c], out=out[0, c])
+    return out if dtype == np.float32 else out.astype(dtype)
 
 
 def patchify(pixels: np.ndarray, patch: int = 16) -> np.ndarray:

@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--max-prefill-len", type=int, default=2048, help="longest prompt, tokens (default 2048)")
     e.add_argument("--rope-layout", choices=["A", "B"], default="B",
                    help="XD-RoPE layout: B = transformers >= 5.13 (default), A = vLLM / Tencent training code")
+    e.add_argument("--device", default="cpu", help="torch device used for tracing (cuda speeds up big models)")
     t = sub.add_parser("tiny", help="make a tiny random-weight HunyuanVL checkpoint (tests, demos)")
     t.add_argument("out", type=Path)
     t.add_argument("--config", choices=["tiny-a", "tiny-b"], default="tiny-a")
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             from quantize.export import ExportOptions, export
             m = export(args.checkpoint, args.out, ExportOptions(
                 max_cache_len=args.max_cache_len, max_prefill_len=args.max_prefill_len,
-                rope_layout=args.rope_layout, precision=args.precision), progress=_progress)
+                rope_layout=args.rope_layout, precision=args.precision, device=args.device), progress=_progress)
             for name, info in sorted(m.files.items()):
                 print(f"{info['bytes'] / 2**20:10.2f} MiB  {name}")
             print(f"{sum(i['bytes'] for i in m.files.values()) / 2**20:10.2f} MiB  total -> {args.out}")

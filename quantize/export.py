@@ -36,6 +36,7 @@ class ExportOptions:
     rope_layout: str = "B"                       # "B" = transformers >= 5.13, "A" = vLLM/Tencent training
     precision: str = "fp32"                      # "fp32" or "fp16" (weights and activations; norms/softmax/RoPE fp32)
     pad_value: int = preprocess.PAD_VALUE        # letterbox fill, 0..255 (white for documents)
+    device: str = "cpu"                          # where torch traces the graphs ("cuda" is much faster for big models)
 
 
 def _torch_dtype(precision: str):
@@ -60,10 +61,12 @@ def _save(model_proto, path: Path) -> None:
     onnx.checker.check_model(str(path))
 
 
-def _export(module, args, path: Path, input_names, output_names, dynamic_axes) -> None:
+def _export(module, args, path: Path, input_names, output_names, dynamic_axes, device: str = "cpu") -> None:
     import onnx
     import torch
 
+    module = module.to(device)
+    args = tuple(a.to(device) for a in args)
     tmp = path.with_suffix(".tmp.onnx")
     with torch.no_grad():
         torch.onnx.export(module, args, str(tmp), input_names=input_names, output_names=output_names,
@@ -125,7 +128,7 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
 
     say(f"exporting vision graph [1, 3, {S}, {S}] -> [{n_img}, {t.hidden_size}] ({opts.precision})")
     ve = VisionEncoder(spec, w, S, dtype).eval()
-    _export(ve, (torch.zeros(1, 3, S, S),), out / "vision.onnx", ["pixels"], ["image_embeds"], None)
+    _export(ve, (torch.zeros(1, 3, S, S),), out / "vision.onnx", ["pixels"], ["image_embeds"], None, opts.device)
     del ve
 
     say(f"exporting decoder graph: {t.num_layers} layers, KV cache {opts.max_cache_len} tokens")
@@ -140,7 +143,7 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
     dyn = {"input_ids": {1: "seq"}, "cos": {1: "seq"}, "sin": {1: "seq"}, "image_embeds": {0: "n_image"}}
     dyn.update({n: {2: "seq"} for n in new_names})
     _export(dec, args, out / "decoder.onnx", ["input_ids", "image_embeds", "cos", "sin", "past_len", *past_names],
-            ["logits", *new_names], dyn)
+            ["logits", *new_names], dyn, opts.device)
     del dec, w
 
     shutil.copyfile(ckpt / "tokenizer.json", out / "tokenizer.json")

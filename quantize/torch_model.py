@@ -162,9 +162,10 @@ class Decoder(nn.Module):
         img = F.embedding(idx, image_embeds.to(dt))
         x = torch.where(is_img.unsqueeze(-1), img, text)
 
-        slots = torch.arange(self.max_len, dtype=torch.int64)
+        dev = input_ids.device
+        slots = torch.arange(self.max_len, dtype=torch.int64, device=dev)
         past_bias = torch.where(slots < past_len, 0.0, NEG_INF).reshape(1, 1, 1, 1, self.max_len)
-        rows = torch.arange(s, dtype=torch.int64)
+        rows = torch.arange(s, dtype=torch.int64, device=dev)
         causal = torch.where(rows.reshape(1, s) <= rows.reshape(s, 1), 0.0, NEG_INF).reshape(1, 1, 1, s, s)
         cos_q, sin_q = cos.reshape(1, 1, 1, s, d), sin.reshape(1, 1, 1, s, d)
         cos_k, sin_k = cos.reshape(1, 1, s, d), sin.reshape(1, 1, s, d)

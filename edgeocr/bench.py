@@ -1,0 +1,188 @@
+"""`edgeocr bench`: per-stage timings, tokens/s, peak memory, and the same job on transformers.
+
+Fixed-output-length mode (stop ids and the repetition stop ignored) makes runs comparable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgeocr.decode import DecodeOptions
+
+# Peak DRAM bandwidth by GPU name fragment, GB/s (datasheets), for the decode floor.
+BANDWIDTH_GBS = {"H200": 4800.0, "H100": 3350.0, "4090": 1008.0, "Orin": 204.8, "A100": 2039.0, "L4": 300.0}
+
+
+@dataclass
+class BenchResult:
+    backend: str
+    precision: str
+    device_name: str
+    prompt_tokens: int
+    new_tokens: int
+    load_ms: float
+    preprocess_ms: float
+    vision_ms: float
+    prefill_ms: float
+    first_token_ms: float           # image in -> first token chosen (preprocess + vision + prefill + 1st argmax)
+    decode_ms_per_token: float      # mean over all decode steps
+    decode_ms_by_position: dict     # mean step time over the first/middle/last quarter of steps
+    tokens_per_s: float
+    total_ms: float
+    peak_rss_mib: float
+    peak_device_mib: float | None
+    kv_cache_mib: float
+    decoder_weight_mib: float
+    bandwidth_floor_ms: float | None  # weights + live KV per step / peak bandwidth
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _gpu_name() -> str:
+    try:
+        import subprocess
+        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=10).stdout.strip().splitlines()[0]
+    except Exception:
+        return ""
+
+
+def _bandwidth(name: str) -> float | None:
+    for k, v in BANDWIDTH_GBS.items():
+        if k in name:
+            return v
+    return None
+
+
+def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, repeats: int = 1,
+          task: str = "spotting", threads: int | None = None) -> BenchResult:
+    from edgeocr.model import OCRModel
+
+    t0 = time.perf_counter()
+    model = OCRModel(artifact, device=device, threads=threads)
+    load_ms = (time.perf_counter() - t0) * 1e3
+    opts = DecodeOptions(max_new_tokens=tokens, ignore_stop=True, tail_repetition_stop=False)
+    cuda = None
+    if device == "cuda":
+        from edgeocr.backends import cudart
+        cuda = cudart.load()
+    model.recognize(image, task=task, options=DecodeOptions(max_new_tokens=4, ignore_stop=True))   # warm-up
+    runs = []
+    peak_dev = None
+    for _ in range(max(1, repeats)):
+        res = model.recognize(image, task=task, options=opts)
+        runs.append((res, list(res.step_ms)))
+        if cuda is not None:
+            free, total = cuda.mem_info()
+            used = (total - free) / 2**20
+            peak_dev = used if peak_dev is None else max(peak_dev, used)
+    res, steps = min(runs, key=lambda r: r[0].timings_ms["total"])
+    t = res.timings_ms
+    q = max(1, len(steps) // 4)
+    by_pos = {"first_quarter": statistics.mean(steps[:q]) if steps else 0.0,
+              "middle": statistics.mean(steps[q:-q]) if len(steps) > 2 * q else 0.0,
+              "last_quarter": statistics.mean(steps[-q:]) if steps else 0.0}
+    m = model.manifest
+    dec_bytes = sum(v["bytes"] for k, v in m.files.items() if k.startswith("decoder"))
+    kv = model.session.memory_bytes()["kv_cache"]
+    name = _gpu_name() if device == "cuda" else "cpu"
+    bw = _bandwidth(name)
+    live_kv = m.kv_cache["bytes_per_token"] * (res.prompt_tokens + tokens / 2)
+    floor = ((dec_bytes + live_kv) / (bw * 1e9) * 1e3) if bw else None
+    per_tok = statistics.mean(steps) if steps else 0.0
+    return BenchResult(
+        backend=model.session.name, precision=m.precision, device_name=name, prompt_tokens=res.prompt_tokens,
+        new_tokens=res.generated_tokens, load_ms=load_ms, preprocess_ms=t["load"] + t["preprocess"],
+        vision_ms=t["vision"], prefill_ms=t["prefill"], first_token_ms=t["load"] + t["preprocess"] + t["first_token"],
+        decode_ms_per_token=per_tok, decode_ms_by_position=by_pos,
+        tokens_per_s=1e3 / per_tok if per_tok else 0.0, total_ms=t["total"], peak_rss_mib=_rss_mib(),
+        peak_device_mib=peak_dev, kv_cache_mib=kv / 2**20, decoder_weight_mib=dec_bytes / 2**20,
+        bandwidth_floor_ms=floor)
+
+
+def bench_transformers(checkpoint: str | Path, artifact: str | Path, image, tokens: int, task: str = "spotting",
+                       attn: str = "sdpa", dtype: str = "bfloat16") -> dict:
+    """transformers `generate` on the same letterboxed image and prompt ids, same number of tokens."""
+    import torch
+    from transformers import HunYuanVLForConditionalGeneration
+
+    from edgeocr import preprocess
+    from edgeocr.model import OCRModel
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = OCRModel(artifact)          # CPU session only used for preprocessing and prompt ids
+    prep = model.prepare(image)
+    instruction, _ = model.instruction(task, None)
+    ids = model.prompt_ids(instruction)
+    hf = HunYuanVLForConditionalGeneration.from_pretrained(checkpoint, attn_implementation=attn,
+                                                           dtype=getattr(torch, dtype)).to(dev).eval()
+    g = prep.pixels.shape[-1] // 16
+    ii = torch.from_numpy(ids)[None].to(dev)
+    inputs = {"input_ids": ii, "attention_mask": torch.ones_like(ii),
+              "pixel_values": torch.from_numpy(preprocess.patchify(prep.pixels).copy()).to(dev, getattr(torch, dtype)),
+              "image_grid_thw": torch.tensor([[1, g, g]], device=dev),
+              "mm_token_type_ids": (ii == hf.config.image_token_id).int()}
+
+    def run(n):
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        with torch.no_grad():
+            out = hf.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                              repetition_penalty=1.08, eos_token_id=None, pad_token_id=0)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t) * 1e3, out.shape[1] - ii.shape[1]
+
+    run(2)  # warm-up
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t1, _ = run(1)
+    tn, n = run(tokens)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if dev == "cuda" else None
+    return {"attn": attn, "dtype": dtype, "first_token_ms": t1, "total_ms": tn, "new_tokens": n,
+            "decode_ms_per_token": (tn - t1) / max(n - 1, 1), "peak_device_mib": peak}
+
+
+def format_table(r: BenchResult, hf: dict | None = None) -> str:
+    rows = [("backend", r.backend, ""), ("precision", r.precision, ""), ("device", r.device_name, ""),
+            ("prompt / new tokens", f"{r.prompt_tokens} / {r.new_tokens}", ""),
+            ("load", f"{r.load_ms:.0f} ms", ""), ("image decode + preprocess", f"{r.preprocess_ms:.1f} ms", ""),
+            ("vision", f"{r.vision_ms:.1f} ms", ""), ("prefill", f"{r.prefill_ms:.1f} ms", ""),
+            ("time to first token", f"{r.first_token_ms:.1f} ms", ""),
+            ("decode per token", f"{r.decode_ms_per_token:.3f} ms", ""),
+            ("  by position (first/mid/last quarter)",
+             " / ".join(f"{v:.3f}" for v in r.decode_ms_by_position.values()) + " ms", ""),
+            ("tokens/s", f"{r.tokens_per_s:.1f}", ""), ("total", f"{r.total_ms:.0f} ms", ""),
+            ("peak host RSS", f"{r.peak_rss_mib:.0f} MiB", ""),
+            ("device memory in use", f"{r.peak_device_mib:.0f} MiB" if r.peak_device_mib else "n/a", ""),
+            ("KV cache", f"{r.kv_cache_mib:.1f} MiB", ""), ("decoder weights", f"{r.decoder_weight_mib:.1f} MiB", ""),
+            ("decode bandwidth floor", f"{r.bandwidth_floor_ms:.3f} ms" if r.bandwidth_floor_ms else "n/a", "")]
+    out = [f"{k:40s} {v}" for k, v, _ in rows]
+    if hf:
+        out.append(f"--- transformers generate ({hf['dtype']}, {hf['attn']}) on the same image and prompt")
+        model_ttft = r.first_token_ms - r.preprocess_ms   # both from the same preprocessed input
+        out.append(f"{'time to first token (from pixels)':40s} {hf['first_token_ms']:.1f} ms  vs edgeocr "
+                   f"{model_ttft:.1f} ms ({hf['first_token_ms'] / model_ttft:.2f}x)")
+        out.append(f"{'decode per token':40s} {hf['decode_ms_per_token']:.3f} ms  vs edgeocr "
+                   f"{r.decode_ms_per_token:.3f} ms ({hf['decode_ms_per_token'] / r.decode_ms_per_token:.2f}x)")
+        ours_total = r.total_ms - r.preprocess_ms
+        out.append(f"{'total (from pixels)':40s} {hf['total_ms']:.0f} ms  vs edgeocr {ours_total:.0f} ms "
+                   f"({hf['total_ms'] / ours_total:.2f}x)")
+        if hf.get("peak_device_mib"):
+            out.append(f"{'peak device memory (torch allocator)':40s} {hf['peak_device_mib']:.0f} MiB")
+    return "\n".join(out)
+
+
+def to_json(r: BenchResult, hf: dict | None = None) -> str:
+    return json.dumps({"edgeocr": asdict(r), "transformers": hf, "pid": os.getpid()}, indent=2)

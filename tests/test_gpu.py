@@ -1,0 +1,30 @@
+"""CUDA execution provider against the CPU one (run on a GPU machine: pytest -m gpu)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import make_image
+from edgeocr.decode import DecodeOptions
+from edgeocr.model import OCRModel
+from test_parity import run_recorded
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cuda_session_matches_cpu(art_a, art_b):
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.fail("CUDAExecutionProvider not available on this machine")
+    for art in (art_a, art_b):
+        cpu, gpu = OCRModel(art, device="cpu"), OCRModel(art, device="cuda")
+        img = make_image(3)
+        rc, lc = run_recorded(cpu, img, task="spotting", n=24)
+        rg, lg = run_recorded(gpu, img, task="spotting", n=24)
+        assert rc.token_ids == rg.token_ids
+        assert np.abs(lc - lg).max() < 2e-3
+        # a second image on the same (reused) buffers
+        r2c = cpu.recognize(make_image(4), options=DecodeOptions(max_new_tokens=12))
+        r2g = gpu.recognize(make_image(4), options=DecodeOptions(max_new_tokens=12))
+        assert r2c.token_ids == r2g.token_ids
