@@ -46,6 +46,7 @@ def write_manifest(directory: Path, m: Manifest) -> None:
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest.", suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(m.to_json())
+    os.chmod(tmp, 0o644)
     os.replace(tmp, directory / MANIFEST)
 
 

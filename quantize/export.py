@@ -62,21 +62,23 @@ def _save(model_proto, path: Path) -> None:
 
 
 def _export(module, args, path: Path, input_names, output_names, dynamic_axes, device: str = "cpu") -> None:
+    import tempfile
+
     import onnx
     import torch
 
     module = module.to(device)
     args = tuple(a.to(device) for a in args)
-    tmp = path.with_suffix(".tmp.onnx")
-    with torch.no_grad():
-        torch.onnx.export(module, args, str(tmp), input_names=input_names, output_names=output_names,
-                          dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False,
-                          do_constant_folding=True)
-    proto = onnx.load(str(tmp), load_external_data=True)
-    _save(proto, path)
-    for p in tmp.parent.glob(tmp.name + "*"):
-        p.unlink()
-    tmp.unlink(missing_ok=True)
+    # torch writes graphs > 2 GB with one external file per tensor: export into a scratch
+    # directory, then re-save as <name>.onnx + <name>.onnx.data and drop the scratch.
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmpdir:
+        tmp = Path(tmpdir) / "graph.onnx"
+        with torch.no_grad():
+            torch.onnx.export(module, args, str(tmp), input_names=input_names, output_names=output_names,
+                              dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False,
+                              do_constant_folding=True)
+        proto = onnx.load(str(tmp), load_external_data=True)
+        _save(proto, path)
 
 
 def _io(path: Path) -> dict:
@@ -147,6 +149,9 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
     del dec, w
 
     shutil.copyfile(ckpt / "tokenizer.json", out / "tokenizer.json")
+    for p in out.iterdir():
+        if p.is_file():
+            p.chmod(0o644)      # a daemon running as another user must be able to read the artifact
     files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != mf.MANIFEST)
     kv_dtype = "float16" if opts.precision == "fp16" else "float32"
     m = mf.Manifest(

@@ -191,5 +191,7 @@ class Decoder(nn.Module):
             h = rms_norm(x, m.ln2, t.rms_norm_eps)
             x = x + F.linear(F.silu(F.linear(h, m.gate)) * F.linear(h, m.up), m.down)
         last = rms_norm(x[:, -1, :], self.norm, t.rms_norm_eps)                           # [1, H]
-        logits = F.linear(last, self.lm_head).float()                                     # [1, V]
+        # W [V, H] @ last^T [H, 1]: uses the (tied) weight as stored, so the exporter does not fold a
+        # transposed copy of the embedding into the graph
+        logits = torch.matmul(self.lm_head, last.transpose(0, 1)).transpose(0, 1).float()   # [1, V]
         return (logits, *new_k, *new_v)

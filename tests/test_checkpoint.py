@@ -96,3 +96,22 @@ def test_bad_config_values(tmp_path, ckpt_a):
     (d / "config.json").write_text("{")
     with pytest.raises(CheckpointError, match="not valid JSON"):
         read_spec(d)
+
+
+def test_export_keeps_tied_weights_once_and_valid_onnx(ckpt_a, art_a):
+    """The decoder holds the tied embedding once (no transposed lm_head copy), at the expected size;
+    graphs use opset <= 20, explicit IR version and external data."""
+    import onnx
+    import numpy as np
+    spec = read_spec(ckpt_a)
+    shapes = expected_shapes(spec)
+    dec_params = sum(int(np.prod(s)) for k, s in shapes.items() if k.startswith("model."))
+    data = (art_a / "decoder.onnx.data").stat().st_size
+    assert dec_params * 4 * 0.97 <= data < dec_params * 4 * 1.02   # small tensors stay inline
+    for g in ("vision.onnx", "decoder.onnx"):
+        m = onnx.load(str(art_a / g), load_external_data=False)
+        assert m.ir_version == 8 and all(o.version <= 20 for o in m.opset_import)
+        assert not any(n.op_type in ("ScatterND", "ScatterElements", "TensorScatter") for n in m.graph.node)
+    gelu_ok = onnx.load(str(art_a / "vision.onnx"), load_external_data=False)
+    assert any(n.op_type == "Erf" for n in gelu_ok.graph.node)        # exact erf GELU, not tanh
+    assert oct((art_a / "manifest.json").stat().st_mode & 0o777) == "0o644"

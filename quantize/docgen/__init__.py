@@ -92,6 +92,7 @@ def generate(out: Path, n: int, seed: int, opts: GenOptions = GenOptions(), star
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         for rec in records:
             f.write(json.dumps(rec, ensure_ascii=False, sort_keys=True) + "\n")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, out / "labels.jsonl")
     return records
 
