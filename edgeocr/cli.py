@@ -50,6 +50,63 @@ def _run(args) -> int:
     return status
 
 
+def _serve(args) -> int:
+    from edgeocr.serve import serve
+    from edgeocr.serve_config import ConfigError, resolve
+
+    try:
+        cfg = resolve(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.getLogger().setLevel(getattr(logging, cfg.log_level.upper(), logging.INFO))
+    try:
+        return serve(cfg)
+    except (EdgeOCRError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _run_remote(args) -> int:
+    import base64
+
+    from edgeocr.serve import client_request
+
+    headers = {"Content-Type": "application/json"}
+    if args.api_key_file:
+        headers["Authorization"] = "Bearer " + Path(args.api_key_file).read_text().strip()
+    status = EXIT_OK
+    for img in args.images:
+        try:
+            data = Path(img).read_bytes()
+        except OSError as e:
+            print(f"error: {img}: {e.strerror}", file=sys.stderr)
+            status = EXIT_ERROR
+            continue
+        body = {"image": base64.b64encode(data).decode(), "max_new_tokens": args.max_new_tokens, "lang": args.lang}
+        if args.prompt:
+            body["prompt"] = args.prompt
+        else:
+            body["task"] = args.task or "structured_parse"
+        try:
+            code, raw = client_request(args.remote, "POST", "/v1/ocr", json.dumps(body).encode(), headers)
+        except OSError as e:
+            print(f"error: daemon at {args.remote} unreachable ({e})", file=sys.stderr)
+            return EXIT_ERROR
+        res = json.loads(raw)
+        if code != 200:
+            print(f"error: {img}: {res.get('error', {}).get('message', raw[:200])}", file=sys.stderr)
+            status = EXIT_ERROR
+            continue
+        if args.format == "json":
+            print(json.dumps({"image": str(img), **res}, ensure_ascii=False))
+        else:
+            print(res["text"])
+        print(f"[{img}] {res['generated_tokens']} tokens, finish={res['finish_reason']}, "
+              f"total {res['timings_ms']['total']:.0f} ms (remote)", file=sys.stderr)
+    return status
+
+
 def _bench(args) -> int:
     from edgeocr import bench
 
@@ -103,6 +160,21 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--repetition-penalty", type=float, default=None, help="default: the artifact's (1.08)")
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    r.add_argument("--remote", nargs="?", const=os.environ.get("EDGEOCR_REMOTE", "unix:/run/edgeocr/edgeocr.sock"),
+                   default=None, metavar="ADDRESS",
+                   help="use a running daemon instead of loading the model: unix:/path.sock or http://127.0.0.1:PORT "
+                        "(default unix:/run/edgeocr/edgeocr.sock; env EDGEOCR_REMOTE)")
+    r.add_argument("--api-key-file", default=os.environ.get("EDGEOCR_API_KEY_FILE"),
+                   help="Bearer key for a TCP daemon (env EDGEOCR_API_KEY_FILE)")
+    s_ = sub.add_parser("serve", help="run the local OCR daemon (systemd Type=notify)",
+                        description="Settings come from flags, then EDGEOCR_* environment variables, then the "
+                                    "config file, then defaults.")
+    from edgeocr.serve_config import add_arguments
+    add_arguments(s_)
+    d = sub.add_parser("doctor", help="check Python, ONNX Runtime, GPU, TensorRT, an artifact and the daemon")
+    d.add_argument("artifact", nargs="?", help="artifact directory to check")
+    d.add_argument("--remote", default=os.environ.get("EDGEOCR_REMOTE", "unix:/run/edgeocr/edgeocr.sock"),
+                   help="daemon address to probe")
     b = sub.add_parser("bench", help="per-stage timings, tokens/s and memory (fixed output length)")
     b.add_argument("artifact", help="artifact directory")
     b.add_argument("--image", help="image to use (default: a built-in synthetic page)")
@@ -124,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     if args.cmd == "bench":
         return _bench(args)
+    if args.cmd == "serve":
+        return _serve(args)
+    if args.cmd == "doctor":
+        from edgeocr.doctor import doctor
+        return doctor(args.artifact, args.remote)
+    if args.cmd == "run" and args.remote:
+        return _run_remote(args)
     if not args.model:
         print("error: no model: pass --model ARTIFACT_DIR or set EDGEOCR_MODEL", file=sys.stderr)
         return EXIT_USAGE

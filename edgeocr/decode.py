@@ -19,6 +19,7 @@ FINISH_STOP = "stop"                # a stop id was produced
 FINISH_LENGTH = "length"            # max_new_tokens reached
 FINISH_CACHE = "cache_full"         # the static KV cache is full
 FINISH_REPETITION = "repetition"    # the output tail repeats (spec §7.3)
+FINISH_CANCELLED = "cancelled"      # the caller's stop_check said stop (deadline, shutdown)
 
 
 @dataclass(frozen=True)
@@ -89,11 +90,13 @@ def tail_repeats(text: str, window: int, min_repeats: int, max_unit: int = 256) 
 def greedy(session: Session, prompt_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray,
            table_cos: np.ndarray, table_sin: np.ndarray, stop_ids: tuple[int, ...], penalty: float,
            opts: DecodeOptions, text_of: Callable[[list[int]], str] | None = None,
-           state: DecodeState | None = None) -> Iterator[int]:
+           state: DecodeState | None = None,
+           stop_check: Callable[[], bool] | None = None) -> Iterator[int]:
     """Yield generated ids one by one; `state` records finish reason and timings.
 
     prompt_ids: [S] int64; cos/sin: [S, D] for the prompt; table_cos/sin: [MAX, D] for decode steps.
     text_of: decodes ids to text, used for the tail-repetition stop.
+    stop_check: called once per token; True ends generation with finish_reason 'cancelled'.
     """
     st = state if state is not None else DecodeState()
     s = int(prompt_ids.shape[0])
@@ -116,6 +119,8 @@ def greedy(session: Session, prompt_ids: np.ndarray, cos: np.ndarray, sin: np.nd
             st.finish_reason = FINISH_LENGTH
         elif pos >= session.max_len:
             st.finish_reason = FINISH_CACHE
+        elif stop_check is not None and stop_check():
+            st.finish_reason = FINISH_CANCELLED
         elif opts.tail_repetition_stop and text_of is not None and len(st.tokens) * 4 >= next_check:
             text = text_of(st.tokens)
             if len(text) >= next_check:

@@ -9,6 +9,10 @@ class ImageError(EdgeOCRError, ValueError):
     """The image could not be read, is empty or truncated, or has an unusable shape."""
 
 
+class ImageTooLarge(ImageError):
+    """The image's declared size exceeds the pixel limit (checked before decoding)."""
+
+
 class ArtifactError(EdgeOCRError):
     """The artifact directory is missing, incomplete, or of another format version."""
 

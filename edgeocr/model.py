@@ -126,7 +126,8 @@ class OCRModel:
 
     # ------------------------------------------------------------------ API
     def stream(self, image, task: str | None = None, prompt: str | None = None, lang: str = "zh",
-               options: DecodeOptions = DecodeOptions()) -> Iterator[tuple[int, str]]:
+               options: DecodeOptions = DecodeOptions(),
+               stop_check: Callable[[], bool] | None = None) -> Iterator[tuple[int, str]]:
         """Yield (token_id, text_delta) as tokens are generated.  The final OCRResult is
         available as `self.last_result` when the iterator is exhausted."""
         t_start = time.perf_counter()
@@ -142,7 +143,7 @@ class OCRModel:
         st = DecodeState()
         text_so_far = ""
         for tok in greedy(self.session, ids, cos, sin, self.table_cos, self.table_sin, self.stop_ids, penalty,
-                          options, text_of=self.tokenizer.decode, state=st):
+                          options, text_of=self.tokenizer.decode, state=st, stop_check=stop_check):
             text = self.tokenizer.decode(st.tokens)
             if text.endswith("\ufffd") and not st.finish_reason:   # incomplete UTF-8: hold back
                 yield tok, ""
@@ -153,11 +154,14 @@ class OCRModel:
 
     def recognize(self, image, task: str | None = None, prompt: str | None = None, lang: str = "zh",
                   options: DecodeOptions = DecodeOptions(),
-                  on_token: Callable[[int, str], None] | None = None) -> OCRResult:
+                  on_token: Callable[[int, str], None] | None = None,
+                  stop_check: Callable[[], bool] | None = None) -> OCRResult:
         """Run one image.  task: an official task key (see edgeocr.prompts.task_names()); prompt: a
         custom instruction instead; on_token(id, text_delta) is called as tokens arrive."""
-        if on_token is not None:
-            for tok, delta in self.stream(image, task, prompt, lang, options):
+        if on_token is not None or stop_check is not None:
+            for tok, delta in self.stream(image, task, prompt, lang, options, stop_check):
+                if on_token is None:
+                    continue
                 on_token(tok, delta)
             return self.last_result
         t_start = time.perf_counter()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeocr.errors import ImageError
+from edgeocr.errors import ImageError, ImageTooLarge
 
 CANVAS = 1024                                   # fixed model input edge, pixels
 PAD_VALUE = 255                                 # letterbox fill (white: documents)
@@ -58,6 +58,9 @@ def load_image(src) -> "PIL.Image.Image":  # noqa: F821
             raise ImageError(f"numpy image is empty (shape {a.shape})")
         _check_aspect(a.shape[1], a.shape[0], "numpy image")
         return Image.fromarray(np.ascontiguousarray(a[..., :3]), "RGB")
+    if isinstance(src, Image.Image):
+        _check_aspect(src.width, src.height, "image")
+        return src.convert("RGB")
     if isinstance(src, (bytes, bytearray, memoryview)):
         data, name = bytes(src), "image bytes"
     elif isinstance(src, (str, Path)):
@@ -85,7 +88,7 @@ def decode_bytes(data: bytes, name: str = "image", max_pixels: int = MAX_SOURCE_
         img = Image.open(io.BytesIO(data))
         w, h = img.size
         if w * h > max_pixels:
-            raise ImageError(f"{name}: {w}x{h} = {w * h} pixels exceeds the limit of {max_pixels}")
+            raise ImageTooLarge(f"{name}: {w}x{h} = {w * h} pixels exceeds the limit of {max_pixels}")
         if w < MIN_EDGE or h < MIN_EDGE:
             raise ImageError(f"{name}: empty image ({w}x{h})")
         _check_aspect(w, h, name)
@@ -95,7 +98,7 @@ def decode_bytes(data: bytes, name: str = "image", max_pixels: int = MAX_SOURCE_
     except UnidentifiedImageError:
         raise ImageError(f"{name}: not a recognized image format") from None
     except Image.DecompressionBombError as e:
-        raise ImageError(f"{name}: refused as a decompression bomb ({e})") from None
+        raise ImageTooLarge(f"{name}: refused as a decompression bomb; it exceeds the limit ({e})") from None
     except (OSError, ValueError, SyntaxError) as e:
         raise ImageError(f"{name}: truncated or corrupt image ({e})") from None
     if img.mode in ("RGBA", "LA") or (img.mode == "P" and "transparency" in img.info):
