@@ -4,11 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    if ! fc-list 2>/dev/null | grep -qi "Noto Sans CJK"; then
+    need=""
+    fc-list 2>/dev/null | grep -qi "Noto Sans CJK" || need="$need fonts-noto-cjk fonts-wqy-microhei fonts-arphic-uming fonts-liberation2 fonts-dejavu-core fontconfig"
+    command -v chromium >/dev/null || need="$need chromium"          # the daemon's web page test
+    command -v systemd-analyze >/dev/null || need="$need systemd"    # unit file verification
+    if [ -n "$need" ]; then
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            fonts-noto-cjk fonts-wqy-microhei fonts-arphic-uming fonts-liberation2 fonts-dejavu-core \
-            fontconfig >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
     fi
 fi
 PY=${PYTHON:-python3}
