@@ -186,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--compare-transformers", metavar="CHECKPOINT",
                    help="also run transformers generate (bf16, sdpa) on this checkpoint and print ratios")
     b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    c = sub.add_parser("check", help="compare two artifacts/backends page by page (e.g. FP16 vs INT8)",
+                       description="Exit codes: 0 gates hold, 3 a gate failed, 1 error, 2 usage.")
+    from edgeocr.check import add_arguments as add_check_arguments
+    add_check_arguments(c)
     sub.add_parser("tasks", help="list the official task prompts")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -196,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     if args.cmd == "bench":
         return _bench(args)
+    if args.cmd == "check":
+        from edgeocr.check import main as check_main
+        return check_main(args)
     if args.cmd == "serve":
         return _serve(args)
     if args.cmd == "doctor":

@@ -19,6 +19,38 @@ def _progress(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def _print_sizes(m, out) -> None:
+    for name, info in sorted(m.files.items()):
+        print(f"{info['bytes'] / 2**20:10.2f} MiB  {name}")
+    print(f"{sum(i['bytes'] for i in m.files.values()) / 2**20:10.2f} MiB  total -> {out}")
+
+
+def _build(args) -> None:
+    import shutil
+    import tempfile
+
+    from quantize.export import ExportOptions, export
+
+    t0 = time.perf_counter()
+    common = dict(max_cache_len=args.max_cache_len, max_prefill_len=args.max_prefill_len,
+                  rope_layout=args.rope_layout, device=args.device)
+    if args.precision in ("fp16", "fp32"):
+        m = export(args.checkpoint, args.out, ExportOptions(precision=args.precision, **common), progress=_progress)
+    else:
+        from quantize.int8 import Int8Options, build_int8
+        args.out.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=args.out.parent, prefix=".fp32-"))
+        try:
+            export(args.checkpoint, work, ExportOptions(precision="fp32", **common), progress=_progress)
+            m = build_int8(work, args.calib, args.out, Int8Options(
+                calib_images=args.calib_images, holdout_images=args.holdout_images,
+                max_reverted=0 if args.no_sensitivity else Int8Options.max_reverted), progress=_progress)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    _print_sizes(m, args.out)
+    _progress(f"{args.precision} artifact built in {time.perf_counter() - t0:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m quantize", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,6 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--rope-layout", choices=["A", "B"], default="B",
                    help="XD-RoPE layout: B = transformers >= 5.13 (default), A = vLLM / Tencent training code")
     e.add_argument("--device", default="cpu", help="torch device used for tracing (cuda speeds up big models)")
+    b = sub.add_parser("build", help="checkpoint -> FP16 artifact, or checkpoint + calibration images -> INT8 artifact")
+    b.add_argument("checkpoint", type=Path)
+    b.add_argument("out", type=Path)
+    b.add_argument("--precision", choices=["fp16", "int8", "fp32"], default="fp16")
+    b.add_argument("--calib", type=Path, default=Path("calibration_data/calib"), help="calibration images (INT8)")
+    b.add_argument("--calib-images", type=int, default=32)
+    b.add_argument("--holdout-images", type=int, default=8)
+    b.add_argument("--no-sensitivity", action="store_true",
+                   help="measure the held-out gate but do not revert layers when it fails")
+    b.add_argument("--max-cache-len", type=int, default=4096)
+    b.add_argument("--max-prefill-len", type=int, default=2048)
+    b.add_argument("--rope-layout", choices=["A", "B"], default="B")
+    b.add_argument("--device", default="cpu", help="torch device used for tracing")
     t = sub.add_parser("tiny", help="make a tiny random-weight HunyuanVL checkpoint (tests, demos)")
     t.add_argument("out", type=Path)
     t.add_argument("--config", choices=["tiny-a", "tiny-b"], default="tiny-a")
@@ -48,12 +93,14 @@ def main(argv: list[str] | None = None) -> int:
             for name, info in sorted(m.files.items()):
                 print(f"{info['bytes'] / 2**20:10.2f} MiB  {name}")
             print(f"{sum(i['bytes'] for i in m.files.values()) / 2**20:10.2f} MiB  total -> {args.out}")
+        elif args.cmd == "build":
+            _build(args)
         elif args.cmd == "tiny":
             from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
             tc = {"tiny-a": TINY_A, "tiny-b": TINY_B}[args.config]
             make_tiny_checkpoint(args.out, tc, seed=args.seed)
             _progress(f"tiny checkpoint {tc.name} written to {args.out}")
-    except EdgeOCRError as err:
+    except (EdgeOCRError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -193,5 +193,7 @@ class Decoder(nn.Module):
         last = rms_norm(x[:, -1, :], self.norm, t.rms_norm_eps)                           # [1, H]
         # W [V, H] @ last^T [H, 1]: uses the (tied) weight as stored, so the exporter does not fold a
         # transposed copy of the embedding into the graph
-        logits = torch.matmul(self.lm_head, last.transpose(0, 1)).transpose(0, 1).float()   # [1, V]
+        logits = torch.matmul(self.lm_head, last.transpose(0, 1)).transpose(0, 1)         # [1, V]
+        if logits.dtype != torch.float32:     # no no-op Cast on the graph output (NNCF trips on it)
+            logits = logits.float()
         return (logits, *new_k, *new_v)

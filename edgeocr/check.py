@@ -1,0 +1,282 @@
+"""`edgeocr check`: compare two artifacts (e.g. FP16 and INT8) or backends page by page.
+
+    edgeocr check --reference FP16_DIR --candidate INT8_DIR --data calibration_data/eval \
+        [--task structured_parse|spotting|fields|...] [--max-cer-increase 0.01] [--out report]
+
+Per page: both outputs, CER/NED against ground truth when labels exist, field accuracy for
+extraction, exact agreement, the first divergent token, repetition and truncation flags, per-stage
+latency.  Writes OUT.json and OUT.csv atomically; OUT.pages.jsonl records finished pages so an
+interrupted run resumes without redoing them.  Exit codes: 0 gates hold, 3 a gate failed,
+1 error, 2 usage.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgeocr import metrics, prompts
+from edgeocr.dataset import Sample, load_dir
+from edgeocr.decode import DecodeOptions
+from edgeocr.errors import EdgeOCRError
+
+log = logging.getLogger("edgeocr.check")
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GATE = 0, 1, 2, 3
+FIELDS_TASK = "fields"
+TRUNCATED = ("length", "cache_full")
+
+
+class Runner:
+    """One side of the comparison: an artifact on a backend/device, or the transformers reference."""
+
+    def __init__(self, spec: str, device: str = "cpu", threads: int | None = None):
+        self.spec = spec
+        if spec.startswith("hf:"):
+            from edgeocr.reference import TransformersRunner
+            self.impl = TransformersRunner(spec[3:], device)
+            self.label = f"transformers:{Path(spec[3:]).name}"
+            self.identity = "hf:" + _hash_dir_files(Path(spec[3:]), ("config.json",))
+        else:
+            from edgeocr.model import OCRModel
+            self.impl = OCRModel(spec, device=device, threads=threads)
+            self.label = f"{Path(spec).name} ({self.impl.manifest.precision}, {self.impl.session.name})"
+            self.identity = _hash_dir_files(Path(spec), ("manifest.json",)) + ":" + device
+
+    def run(self, image, task, prompt, lang, opts):
+        return self.impl.recognize(image, task=task, prompt=prompt, lang=lang, options=opts)
+
+
+def _hash_dir_files(d: Path, names) -> str:
+    h = hashlib.sha256()
+    for n in names:
+        p = d / n
+        h.update(p.read_bytes() if p.exists() else b"")
+    return h.hexdigest()[:16]
+
+
+def _ref_text(sample: Sample, task: str) -> str | None:
+    if sample.label is None:
+        return None
+    return sample.label.get("text")
+
+
+def _hyp_text(result, task: str) -> str:
+    if task in prompts.SPOTTING_TASKS:
+        return "\n".join(ln.text for ln in result.lines)
+    return result.text
+
+
+def _side(result, task, ref, fields) -> dict:
+    hyp = _hyp_text(result, task)
+    d = {"text": result.text, "tokens": len(result.token_ids), "finish_reason": result.finish_reason,
+         "repetition": result.finish_reason == "repetition",
+         "truncated": result.finish_reason in TRUNCATED,
+         "timings_ms": {k: round(v, 2) for k, v in result.timings_ms.items()}}
+    if ref is not None:
+        d["cer"] = metrics.cer(hyp, ref)
+        d["ned"] = metrics.ned(hyp, ref)
+    if fields:
+        d["field_accuracy"] = metrics.field_accuracy(result.text, fields)
+    return d
+
+
+def compare_page(ref_runner: Runner, cand_runner: Runner, sample: Sample, task: str, lang: str,
+                 opts: DecodeOptions) -> dict:
+    fields = (sample.fields or {}) if task == FIELDS_TASK else None
+    if task == FIELDS_TASK:
+        if not fields:
+            raise EdgeOCRError(f"{sample.name}: task 'fields' needs labelled fields")
+        t, p = None, prompts.field_extraction_prompt(list(fields), "en")
+    else:
+        t, p = task, None
+    ref_text = _ref_text(sample, task) if task != FIELDS_TASK else None
+    ra = ref_runner.run(sample.path, t, p, lang, opts)
+    rb = cand_runner.run(sample.path, t, p, lang, opts)
+    div = metrics.first_divergence(ra.token_ids, rb.token_ids)
+    return {"image": sample.name, "reference": _side(ra, task, ref_text, fields),
+            "candidate": _side(rb, task, ref_text, fields), "exact_match": ra.token_ids == rb.token_ids,
+            "first_divergent_token": div, "pair_ned": metrics.ned(rb.text, ra.text)}
+
+
+def summarize(pages: list[dict]) -> dict:
+    def mean(key, side):
+        vals = [p[side][key] for p in pages if key in p[side]]
+        return statistics.fmean(vals) if vals else None
+
+    s = {"pages": len(pages),
+         "exact_agreement": statistics.fmean(p["exact_match"] for p in pages) if pages else None,
+         "mean_pair_ned": statistics.fmean(p["pair_ned"] for p in pages) if pages else None}
+    for side in ("reference", "candidate"):
+        s[side] = {"cer": mean("cer", side), "ned": mean("ned", side), "field_accuracy": mean("field_accuracy", side),
+                   "repetition_rate": statistics.fmean(p[side]["repetition"] for p in pages) if pages else None,
+                   "truncation_rate": statistics.fmean(p[side]["truncated"] for p in pages) if pages else None,
+                   "mean_total_ms": statistics.fmean(p[side]["timings_ms"]["total"] for p in pages) if pages else None}
+    if s["reference"]["cer"] is not None and s["candidate"]["cer"] is not None:
+        s["cer_increase"] = s["candidate"]["cer"] - s["reference"]["cer"]
+    return s
+
+
+def _atomic_write(path: Path, data: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def write_reports(out: Path, meta: dict, pages: list[dict], summary: dict) -> None:
+    _atomic_write(out.with_suffix(".json"), json.dumps({"meta": meta, "summary": summary, "pages": pages},
+                                                        ensure_ascii=False, indent=2))
+    buf = io.StringIO()
+    cols = ["image", "exact_match", "first_divergent_token", "pair_ned"]
+    sides = ["cer", "ned", "field_accuracy", "tokens", "finish_reason", "repetition", "truncated"]
+    w = csv.writer(buf)
+    w.writerow(cols + [f"{s}_{k}" for s in ("reference", "candidate") for k in sides]
+               + ["reference_total_ms", "candidate_total_ms"])
+    for p in pages:
+        w.writerow([p[c] for c in cols] + [p[s].get(k, "") for s in ("reference", "candidate") for k in sides]
+                   + [p["reference"]["timings_ms"]["total"], p["candidate"]["timings_ms"]["total"]])
+    _atomic_write(out.with_suffix(".csv"), buf.getvalue())
+
+
+def format_summary(s: dict, ref_label: str, cand_label: str) -> str:
+    def f(v, pct=False):
+        if v is None:
+            return "-"
+        return f"{v * 100:.2f}%" if pct else f"{v:.1f}"
+
+    rows = [("", "reference", "candidate"), ("", ref_label[:34], cand_label[:34]),
+            ("CER", f(s["reference"]["cer"], True), f(s["candidate"]["cer"], True)),
+            ("NED", f(s["reference"]["ned"], True), f(s["candidate"]["ned"], True)),
+            ("field accuracy", f(s["reference"]["field_accuracy"], True), f(s["candidate"]["field_accuracy"], True)),
+            ("repetition", f(s["reference"]["repetition_rate"], True), f(s["candidate"]["repetition_rate"], True)),
+            ("truncated", f(s["reference"]["truncation_rate"], True), f(s["candidate"]["truncation_rate"], True)),
+            ("mean latency (ms)", f(s["reference"]["mean_total_ms"]), f(s["candidate"]["mean_total_ms"]))]
+    out = [f"{a:20s} {b:>36s} {c:>36s}" for a, b, c in rows]
+    out.append(f"{'pages':20s} {s['pages']}; exact agreement {f(s['exact_agreement'], True)}; "
+               f"mean NED between outputs {f(s['mean_pair_ned'], True)}")
+    if s.get("cer_increase") is not None:
+        out.append(f"{'CER change':20s} {s['cer_increase'] * 100:+.2f} points")
+    return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class Gates:
+    max_cer_increase: float | None = None      # absolute, e.g. 0.01 = one point
+    min_agreement: float | None = None         # share of pages with identical tokens
+
+
+def check_gates(s: dict, g: Gates) -> list[str]:
+    failed = []
+    if g.max_cer_increase is not None:
+        inc = s.get("cer_increase")
+        if inc is None:
+            failed.append("--max-cer-increase needs labelled data (no CER computed)")
+        elif inc > g.max_cer_increase:
+            failed.append(f"CER increase {inc * 100:.2f} points > {g.max_cer_increase * 100:.2f}")
+    if g.min_agreement is not None and (s["exact_agreement"] or 0.0) < g.min_agreement:
+        failed.append(f"exact agreement {s['exact_agreement'] * 100:.1f}% < {g.min_agreement * 100:.1f}%")
+    return failed
+
+
+def run_check(reference: str, candidate: str, data: str, out: Path, task: str = prompts.DEFAULT_TASK,
+              lang: str = "zh", max_new_tokens: int = 512, gates: Gates = Gates(), resume: bool = True,
+              reference_device: str = "cpu", candidate_device: str = "cpu", limit: int | None = None,
+              threads: int | None = None, progress=None) -> tuple[int, dict]:
+    if task != FIELDS_TASK and task not in prompts.TASKS_ZH:
+        raise EdgeOCRError(f"unknown task {task!r}")
+    samples = load_dir(data)[:limit] if limit else load_dir(data)
+    ref, cand = Runner(reference, reference_device, threads), Runner(candidate, candidate_device, threads)
+    opts = DecodeOptions(max_new_tokens=max_new_tokens)
+    meta = {"reference": ref.label, "candidate": cand.label, "data": str(data), "task": task, "lang": lang,
+            "max_new_tokens": max_new_tokens, "key": f"{ref.identity}|{cand.identity}|{task}|{lang}|{max_new_tokens}"}
+    progress_file = out.with_suffix(".pages.jsonl")
+    done: dict[str, dict] = {}
+    if resume and progress_file.exists():
+        for line in progress_file.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue         # a line cut by an interruption
+            if rec.get("key") == meta["key"]:
+                done[rec["page"]["image"]] = rec["page"]
+    elif progress_file.exists():
+        progress_file.unlink()
+    pages = []
+    progress_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(progress_file, "a", encoding="utf-8") as pf:
+        for i, s in enumerate(samples, 1):
+            if s.name in done:
+                pages.append(done[s.name])
+                continue
+            t0 = time.perf_counter()
+            page = compare_page(ref, cand, s, task, lang, opts)
+            pages.append(page)
+            pf.write(json.dumps({"key": meta["key"], "page": page}, ensure_ascii=False) + "\n")
+            pf.flush()
+            os.fsync(pf.fileno())
+            if progress:
+                progress(i, len(samples), s.name, page, time.perf_counter() - t0)
+    summary = summarize(pages)
+    summary["resumed_pages"] = len(done)
+    failed = check_gates(summary, gates)
+    summary["gates_failed"] = failed
+    write_reports(out, meta, pages, summary)
+    return (EXIT_GATE if failed else EXIT_OK), dict(summary, meta=meta)
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("--reference", required=True, help="artifact directory, or hf:CHECKPOINT for transformers")
+    ap.add_argument("--candidate", required=True, help="artifact directory, or hf:CHECKPOINT")
+    ap.add_argument("--data", required=True, help="image directory with optional labels.jsonl / labels.csv")
+    ap.add_argument("--task", default=prompts.DEFAULT_TASK,
+                    help=f"official task, or '{FIELDS_TASK}' to ask for the labelled fields as JSON (default %(default)s)")
+    ap.add_argument("--lang", choices=["zh", "en"], default="zh")
+    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--out", default="check-report", help="report path without suffix (writes .json, .csv, .pages.jsonl)")
+    ap.add_argument("--max-cer-increase", type=float, default=None, help="gate: CER increase in absolute terms, e.g. 0.01")
+    ap.add_argument("--min-agreement", type=float, default=None, help="gate: minimum share of pages with identical tokens")
+    ap.add_argument("--no-resume", action="store_true", help="start over even if OUT.pages.jsonl exists")
+    ap.add_argument("--reference-device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--candidate-device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N pages")
+    ap.add_argument("--threads", type=int, default=None)
+
+
+def main(args) -> int:
+    tty = sys.stderr.isatty()
+
+    def progress(i, n, name, page, dt):
+        msg = (f"[{i}/{n}] {name}: {'same' if page['exact_match'] else 'differs at token ' + str(page['first_divergent_token'])}"
+               f" ({dt:.1f} s)")
+        print(("\r" + msg.ljust(70)) if tty else msg, end="" if tty and i < n else "\n", file=sys.stderr, flush=True)
+
+    try:
+        code, summary = run_check(args.reference, args.candidate, args.data, Path(args.out), args.task, args.lang,
+                                  args.max_new_tokens, Gates(args.max_cer_increase, args.min_agreement),
+                                  not args.no_resume, args.reference_device, args.candidate_device, args.limit,
+                                  args.threads, progress)
+    except EdgeOCRError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    print(format_summary(summary, summary["meta"]["reference"], summary["meta"]["candidate"]))
+    if summary["resumed_pages"]:
+        print(f"(resumed: {summary['resumed_pages']} page(s) taken from {Path(args.out).with_suffix('.pages.jsonl')})")
+    print(f"reports: {Path(args.out).with_suffix('.json')}, {Path(args.out).with_suffix('.csv')}")
+    for f in summary["gates_failed"]:
+        print(f"GATE FAILED: {f}", file=sys.stderr)
+    return code

@@ -1,0 +1,360 @@
+"""INT8 post-training quantization of an FP32 artifact with NNCF, as explicit Q/DQ ONNX.
+
+Calibration inputs come from running the FP32 pipeline on document images preprocessed exactly like
+the runtime: vision = the normalized canvases; decoder = prefill sequences of prompt + the FP32
+model's own greedy continuation (teacher-forced), so image tokens, prompt tokens and generated text
+tokens are all represented (a prefill over generated tokens computes the same hidden states the
+decode steps do, without storing KV-cache snapshots).
+
+Policy (TensorRT-compatible): symmetric activations (PERFORMANCE preset), SmoothQuant (TRANSFORMER
+model type), per-channel symmetric INT8 weights stored as int8 initializers + DequantizeLinear; kept
+in floating point: norms, softmax, RoPE (never quantized by NNCF), the patch-embedding conv, the
+embedding gather, lm_head, and the attention matmuls (both operands activations).  A sensitivity pass
+(NNCF accuracy control) reverts the most damaging layers until the held-out gate holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgeocr import manifest as mf
+
+log = logging.getLogger("edgeocr.quantize")
+
+
+@dataclass(frozen=True)
+class Int8Options:
+    calib_images: int = 32          # images used for statistics
+    holdout_images: int = 8         # further images for the accuracy gate (never used for statistics)
+    decode_tokens: int = 24         # FP32 greedy tokens appended to each decoder calibration sequence
+    vision_min_cosine: float = 0.98  # gate: mean cosine(INT8, FP32) of image embeddings
+    decoder_min_top1: float = 0.90  # gate: teacher-forced top-1 agreement of decoder logits
+    max_reverted: int = 64          # cap on layers the sensitivity pass may revert to floating point
+    smooth_quant: bool = True
+
+
+def _sha_dir(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------- graph analysis
+def _initializer_names(model) -> set[str]:
+    return {t.name for t in model.graph.initializer}
+
+
+def eligible_and_excluded(model, kind: str) -> tuple[list[str], dict[str, str]]:
+    """Weight MatMul/Gemm/Conv nodes NNCF may quantize, and the nodes kept FP with the reason."""
+    inits = _initializer_names(model)
+    consts = {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
+    eligible, excluded = [], {}
+    for n in model.graph.node:
+        if n.op_type not in ("MatMul", "Gemm", "Conv"):
+            continue
+        ins = list(n.input[:2])
+        has_weight = any(i in inits or i in consts for i in ins)
+        if not has_weight:
+            excluded[n.name] = "attention matmul (both operands are activations)"
+        elif kind == "vision" and n.op_type == "Conv" and len(_shape_of(model, ins[1])) == 4 \
+                and _shape_of(model, ins[1])[1] == 3:
+            excluded[n.name] = "patch embedding (RGB input conv)"
+        elif kind == "decoder" and n.op_type == "MatMul" and ins[0] in inits and len(_shape_of(model, ins[0])) == 2 \
+                and _shape_of(model, ins[0])[0] > 4 * _shape_of(model, ins[0])[1]:
+            excluded[n.name] = "lm_head (tied embedding)"
+        else:
+            eligible.append(n.name)
+    for n in model.graph.node:
+        if n.op_type == "Gather" and any(i in inits for i in n.input[:1]):
+            excluded[n.name] = "embedding gather"
+    return eligible, excluded
+
+
+def _shape_of(model, name: str) -> list[int]:
+    for t in model.graph.initializer:
+        if t.name == name:
+            return list(t.dims)
+    return []
+
+
+def quantized_nodes(model) -> set[str]:
+    """Compute nodes with a DequantizeLinear feeding them."""
+    dq_out = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    return {n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm", "Conv") and any(i in dq_out for i in n.input)}
+
+
+def fold_weight_quantizers(model) -> dict:
+    """QuantizeLinear(float initializer) -> int8 initializer feeding the same DequantizeLinear.
+    Stores weights as int8 on disk (4x smaller than FP32) and checks every zero point is 0."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    zp_nonzero = []
+    for n in model.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 2 and n.input[2] in inits:
+            zp = numpy_helper.to_array(inits[n.input[2]])
+            if np.any(zp != 0):
+                zp_nonzero.append(n.name)
+    if zp_nonzero:
+        raise ValueError(f"asymmetric quantizers (non-zero zero point) in {zp_nonzero[:5]}: TensorRT needs symmetric")
+    consumers: dict[str, int] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers[i] = consumers.get(i, 0) + 1
+    folded, keep = 0, []
+    for n in model.graph.node:
+        if n.op_type == "QuantizeLinear" and n.input[0] in inits and n.input[1] in inits:
+            w = numpy_helper.to_array(inits[n.input[0]]).astype(np.float32)
+            scale = numpy_helper.to_array(inits[n.input[1]]).astype(np.float32)
+            axis = next((a.i for a in n.attribute if a.name == "axis"), 1)
+            if scale.ndim == 1 and scale.size > 1:
+                shape = [1] * w.ndim
+                shape[axis] = -1
+                scale = scale.reshape(shape)
+            q = np.clip(np.rint(w / scale), -128, 127).astype(np.int8)
+            t = numpy_helper.from_array(q, n.output[0])
+            model.graph.initializer.append(t)
+            folded += 1
+            continue
+        keep.append(n)
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    alive = [t for t in model.graph.initializer if t.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(alive)
+    return {"weights_folded_to_int8": folded}
+
+
+def activation_quantizers_symmetric(model) -> tuple[int, int]:
+    """(activation Q nodes, how many have zero point 0 and int8 type)."""
+    from onnx import TensorProto, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    total = sym = 0
+    for n in model.graph.node:
+        if n.op_type != "QuantizeLinear" or n.input[0] in inits:
+            continue
+        total += 1
+        if len(n.input) > 2 and n.input[2] in inits:
+            zp = inits[n.input[2]]
+            if zp.data_type == TensorProto.INT8 and not np.any(numpy_helper.to_array(zp)):
+                sym += 1
+    return total, sym
+
+
+# ------------------------------------------------------------------------- calibration data
+def capture(fp32_artifact: Path, images: list[Path], decode_tokens: int,
+            progress: Callable[[str], None]) -> tuple[list[dict], list[dict]]:
+    """Run the FP32 pipeline; return vision samples and decoder samples (ORT input dicts)."""
+    from edgeocr.decode import DecodeOptions
+    from edgeocr.model import OCRModel
+
+    model = OCRModel(fp32_artifact)
+    m = model.manifest
+    kv = m.kv_cache
+    zeros = np.zeros((1, kv["kv_heads"], kv["max_len"], kv["head_dim"]), np.float32)   # shared, read-only
+    vis, dec = [], []
+    for i, p in enumerate(images):
+        prep = model.prepare(p)
+        emb = model.session.encode_image(prep.pixels).copy()
+        res = model.recognize(p, task="spotting" if i % 2 == 0 else "structured_parse",
+                              options=DecodeOptions(max_new_tokens=decode_tokens))
+        instruction, _ = model.instruction("spotting" if i % 2 == 0 else "structured_parse", None)
+        ids = model.prompt_ids(instruction)
+        cos_p, sin_p = model.rope_tables(ids)
+        gen = np.asarray(res.token_ids, np.int64)
+        seq = np.concatenate([ids, gen])
+        pos = np.arange(len(ids), len(seq))
+        cos = np.concatenate([cos_p, model.table_cos[pos]])
+        sin = np.concatenate([sin_p, model.table_sin[pos]])
+        vis.append({"pixels": prep.pixels})
+        sample = {"input_ids": seq[None], "image_embeds": emb, "cos": cos[None].astype(np.float32),
+                  "sin": sin[None].astype(np.float32), "past_len": np.zeros((1,), np.int64)}
+        for layer in range(kv["layers"]):
+            sample[f"past_key_{layer}"] = zeros
+            sample[f"past_value_{layer}"] = zeros
+        dec.append(sample)
+        progress(f"calibration capture {i + 1}/{len(images)}: {p.name} ({len(ids)} prompt + {len(gen)} generated tokens)")
+    return vis, dec
+
+
+# ------------------------------------------------------------------------- metrics for the gate
+def _session(model_proto_or_path, path_hint: Path | None = None):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if isinstance(model_proto_or_path, (str, Path)):
+        return ort.InferenceSession(str(model_proto_or_path), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model_proto_or_path.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def vision_cosine(model, ref_outputs: list[np.ndarray], samples: list[dict]) -> float:
+    s = _session(model)
+    cos = []
+    for x, ref in zip(samples, ref_outputs):
+        out = s.run(None, x)[0]
+        num = (out * ref).sum(-1)
+        den = np.linalg.norm(out, axis=-1) * np.linalg.norm(ref, axis=-1) + 1e-12
+        cos.append(float((num / den).mean()))
+    return float(np.mean(cos))
+
+
+def decoder_top1(model, ref_logits: list[np.ndarray], samples: list[dict]) -> float:
+    """Teacher-forced top-1 agreement: one run per sample, comparing the last-position logits of
+    every prefix would need S runs, so compare the argmax of the final logits of growing prefixes
+    cut at the generated tokens."""
+    s = _session(model)
+    agree = []
+    for x, refs in zip(samples, ref_logits):
+        outs = _prefix_logits(s, x, len(refs))
+        agree += [int(np.argmax(a) == np.argmax(b)) for a, b in zip(outs, refs)]
+    return float(np.mean(agree))
+
+
+def _prefix_logits(session, x: dict, n: int) -> list[np.ndarray]:
+    """Logits of the last position of the n longest prefixes ending in generated tokens."""
+    seq_len = x["input_ids"].shape[1]
+    outs = []
+    for cut in range(seq_len - n + 1, seq_len + 1):
+        y = dict(x, input_ids=x["input_ids"][:, :cut], cos=x["cos"][:, :cut], sin=x["sin"][:, :cut])
+        outs.append(session.run(["logits"], y)[0][0])
+    return outs
+
+
+# ------------------------------------------------------------------------- main entry
+def quantize_graph(fp32_path: Path, kind: str, calib: list[dict], holdout: list[dict], opts: Int8Options,
+                   progress: Callable[[str], None]):
+    """NNCF PTQ (+ accuracy control when the gate fails).  Returns (model, report)."""
+    import nncf
+    import onnx
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
+    from nncf.onnx.quantization.backend_parameters import BackendParameters
+
+    model = onnx.load(str(fp32_path), load_external_data=True)
+    eligible, excluded = eligible_and_excluded(model, kind)
+    adv = AdvancedQuantizationParameters(
+        smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=0.95 if opts.smooth_quant else -1),
+        backend_params={BackendParameters.EXTERNAL_DATA_DIR: str(fp32_path.parent)})
+    common = dict(preset=nncf.QuantizationPreset.PERFORMANCE, model_type=nncf.ModelType.TRANSFORMER,
+                  subset_size=len(calib), ignored_scope=nncf.IgnoredScope(names=sorted(excluded), validate=False),
+                  advanced_parameters=adv)
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):      # NNCF prints node names to stdout
+        q = nncf.quantize(model, nncf.Dataset(calib), **common)
+    progress(f"{kind}: PTQ done in {time.perf_counter() - t0:.0f} s")
+    fp = _session(fp32_path)
+    if kind == "vision":
+        refs = [fp.run(None, x)[0] for x in holdout]
+        score = vision_cosine(q, refs, holdout)
+        gate = opts.vision_min_cosine
+        metric_name = "mean cosine vs FP32"
+    else:
+        n_gen = 8
+        refs = [_prefix_logits(fp, x, n_gen) for x in holdout]
+        score = decoder_top1(q, refs, holdout)
+        gate = opts.decoder_min_top1
+        metric_name = "teacher-forced top-1 agreement vs FP32"
+    progress(f"{kind}: held-out {metric_name} = {score:.4f} (gate {gate})")
+    reverted: dict[str, str] = {}
+    if score < gate and holdout and opts.max_reverted > 0:
+        progress(f"{kind}: gate failed; sensitivity pass (NNCF accuracy control) reverts the most damaging layers")
+
+        def validate(m, data):
+            return vision_cosine(m, refs, list(data)) if kind == "vision" else decoder_top1(m, refs, list(data))
+
+        before = quantized_nodes(q)
+        with contextlib.redirect_stdout(io.StringIO()):
+            ac = {k: v for k, v in common.items() if k != "advanced_parameters"}
+            q = nncf.quantize_with_accuracy_control(
+                model, nncf.Dataset(calib), nncf.Dataset(holdout), validate, max_drop=1.0 - gate,
+                drop_type=nncf.DropType.ABSOLUTE, **ac, advanced_quantization_parameters=adv,
+                advanced_accuracy_restorer_parameters=_acc_params(opts))
+        after = quantized_nodes(q)
+        for name in sorted(before - after):
+            reverted[name] = f"reverted by the sensitivity pass ({metric_name} gate {gate})"
+        score = validate(q, holdout) if kind == "vision" else decoder_top1(q, refs, holdout)
+        progress(f"{kind}: after reverting {len(reverted)} layer(s): {metric_name} = {score:.4f}")
+    folded = fold_weight_quantizers(q)
+    n_act, n_sym = activation_quantizers_symmetric(q)
+    quantized = sorted(quantized_nodes(q))
+    report = {"metric": metric_name, "score": score, "gate": gate, "gate_passed": score >= gate,
+              "eligible": len(eligible), "quantized": len(quantized),
+              "kept_fp": {**{k: v for k, v in excluded.items()}, **reverted},
+              "activation_quantizers": n_act, "symmetric_activation_quantizers": n_sym, **folded}
+    return q, report
+
+
+def _acc_params(opts: Int8Options):
+    from nncf.quantization.advanced_parameters import AdvancedAccuracyRestorerParameters
+    return AdvancedAccuracyRestorerParameters(max_num_iterations=opts.max_reverted)
+
+
+def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Options = Int8Options(),
+               progress: Callable[[str], None] | None = None) -> mf.Manifest:
+    """FP32 artifact + calibration images -> INT8 artifact (explicit Q/DQ)."""
+    import onnx
+
+    from edgeocr.dataset import load_dir
+    from quantize.export import _save, _sha256
+
+    say = progress or (lambda s: log.info("%s", s))
+    t0 = time.perf_counter()
+    fp32_artifact, out = Path(fp32_artifact), Path(out)
+    src = mf.read_manifest(fp32_artifact)
+    if src.precision != "fp32":
+        raise ValueError(f"{fp32_artifact} is {src.precision}; INT8 calibration starts from an FP32 artifact")
+    samples = load_dir(calib_dir)
+    need = opts.calib_images + opts.holdout_images
+    if len(samples) < need:
+        raise ValueError(f"{calib_dir} has {len(samples)} images; {need} needed "
+                         f"({opts.calib_images} calibration + {opts.holdout_images} held out)")
+    paths = [s.path for s in samples[:need]]
+    vis, dec = capture(fp32_artifact, paths, opts.decode_tokens, say)
+    c, h = opts.calib_images, opts.holdout_images
+    out.mkdir(parents=True, exist_ok=True)
+    reports = {}
+    for kind, data in (("vision", vis), ("decoder", dec)):
+        q, rep = quantize_graph(fp32_artifact / src.graphs[kind]["file"], kind, data[:c], data[c:c + h], opts, say)
+        _save(q, out / f"{kind}.onnx")
+        reports[kind] = rep
+        say(f"{kind}: {rep['quantized']}/{rep['eligible']} weight layers INT8, {len(rep['kept_fp'])} kept FP")
+    shutil.copyfile(fp32_artifact / src.tokenizer, out / src.tokenizer)
+    for p in out.iterdir():
+        if p.is_file():
+            p.chmod(0o644)
+    files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != mf.MANIFEST)
+    from quantize.export import _io
+    graphs = {k: dict(src.graphs[k], **_io(out / src.graphs[k]["file"])) for k in ("vision", "decoder")}
+    m = mf.Manifest(
+        format_version=mf.FORMAT_VERSION, source=dict(src.source, fp32_artifact=str(fp32_artifact.resolve())),
+        precision="int8", model=src.model, graphs=graphs, kv_cache=src.kv_cache, rope=src.rope,
+        preprocess=src.preprocess, tokens=src.tokens, decode=src.decode, tokenizer=src.tokenizer,
+        files={f: {"bytes": (out / f).stat().st_size, "sha256": _sha256(out / f)} for f in files},
+        export=dict(src.export, int8={
+            "tool": "nncf", "options": asdict(opts), "calibration_set": str(calib_dir),
+            "calibration_sha256": _sha_dir(paths[:c]), "holdout_sha256": _sha_dir(paths[c:c + h]),
+            "seconds": round(time.perf_counter() - t0, 1), "graphs": reports}))
+    mf.write_manifest(out, m)
+    total = sum(v["bytes"] for v in m.files.values())
+    say(f"wrote {out} ({total / 2**20:.1f} MiB, {time.perf_counter() - t0:.0f} s)")
+    onnx.checker.check_model(str(out / "decoder.onnx"))
+    return m
+
+
+def describe(m: mf.Manifest) -> str:
+    return json.dumps(m.export.get("int8", {}).get("graphs", {}), indent=2)

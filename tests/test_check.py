@@ -1,0 +1,74 @@
+"""The accuracy checker: metrics on hand-made cases, reports, exit codes, resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from edgeocr import metrics
+from edgeocr.check import Gates, check_gates, summarize
+
+
+def test_metrics_hand_made():
+    assert metrics.levenshtein("kitten", "sitting") == 3
+    assert metrics.cer("abcd", "abcd") == 0.0
+    assert metrics.cer("abxd", "abcd") == 0.25
+    assert metrics.cer("", "abcd") == 1.0 and metrics.cer("x", "") == 1.0 and metrics.cer("", "") == 0.0
+    assert metrics.ned("abc", "abcdef") == 0.5
+    assert metrics.cer("合计¥1,234.00", "合计¥1,284.00") == pytest.approx(1 / 11)
+    out = 'Sure: ```json\n{"total": "1,234.00", "date": "2026-12-02"}\n```'
+    assert metrics.field_accuracy(out, {"total": "1,234.00", "date": "2026-12-03"}) == 0.5
+    assert metrics.field_accuracy("no json here", {"a": "1"}) == 0.0
+    assert metrics.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert metrics.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert metrics.first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def _page(name, match, cer_r, cer_c):
+    side = lambda c: {"cer": c, "ned": c, "repetition": False, "truncated": False, "timings_ms": {"total": 10.0}}
+    return {"image": name, "exact_match": match, "first_divergent_token": None if match else 3, "pair_ned": 0.0,
+            "reference": side(cer_r), "candidate": side(cer_c)}
+
+
+def test_summary_and_gates():
+    s = summarize([_page("a", True, 0.1, 0.1), _page("b", False, 0.1, 0.2)])
+    assert s["exact_agreement"] == 0.5 and s["cer_increase"] == pytest.approx(0.05)
+    assert check_gates(s, Gates(max_cer_increase=0.1)) == []
+    assert check_gates(s, Gates(max_cer_increase=0.01))
+    assert check_gates(s, Gates(min_agreement=0.9))
+
+
+def _check(*args):
+    return subprocess.run([sys.executable, "-m", "edgeocr", "check", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_cli_reports_exit_codes_and_resume(art_a, art_b, tmp_path):
+    from pathlib import Path
+    data = Path(__file__).resolve().parents[1] / "calibration_data" / "eval"
+    out = tmp_path / "rep"
+    base = ["--data", str(data), "--limit", "3", "--max-new-tokens", "6", "--out", str(out)]
+    r = _check("--reference", str(art_a), "--candidate", str(art_a), *base, "--max-cer-increase", "0")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.with_suffix(".json").read_text())
+    assert rep["summary"]["pages"] == 3 and rep["summary"]["exact_agreement"] == 1.0
+    assert all(p["first_divergent_token"] is None for p in rep["pages"])
+    assert rep["pages"][0]["reference"]["cer"] > 0            # random weights do not read
+    assert "CER" in r.stdout and out.with_suffix(".csv").read_text().count("\n") == 4
+    # resume: the finished pages are taken from the progress file, nothing is recomputed
+    r = _check("--reference", str(art_a), "--candidate", str(art_a), *base)
+    assert r.returncode == 0 and "resumed: 3 page(s)" in r.stdout and "[1/3]" not in r.stderr
+    # an interrupted run (progress file holds 1 page + a torn line) finishes the rest only
+    lines = out.with_suffix(".pages.jsonl").read_text().splitlines()
+    out.with_suffix(".pages.jsonl").write_text(lines[0] + "\n" + lines[1][:40])
+    r = _check("--reference", str(art_a), "--candidate", str(art_a), *base)
+    assert r.returncode == 0 and "resumed: 1 page(s)" in r.stdout and "[2/3]" in r.stderr
+    # two different models disagree: the agreement gate fails with its own exit code
+    r = _check("--reference", str(art_a), "--candidate", str(art_b), *base, "--no-resume", "--min-agreement", "0.99")
+    assert r.returncode == 3 and "GATE FAILED" in r.stderr
+    r = _check("--reference", str(art_a), "--candidate", str(tmp_path), *base)
+    assert r.returncode == 1 and "no manifest.json" in r.stderr
+    r = _check("--reference", str(art_a))
+    assert r.returncode == 2
