@@ -163,19 +163,21 @@ def capture(fp32_artifact: Path, images: list[Path], decode_tokens: int,
     from edgeocr.decode import DecodeOptions
     from edgeocr.model import OCRModel
 
-    model = OCRModel(fp32_artifact)
+    from edgeocr.backends.ort import available_providers
+    device = "cuda" if "CUDAExecutionProvider" in available_providers() else "cpu"
+    model = OCRModel(fp32_artifact, device=device)     # the FP32 pipeline; CUDA runs FP32 exactly (no TF32)
     m = model.manifest
     kv = m.kv_cache
     zeros = np.zeros((1, kv["kv_heads"], kv["max_len"], kv["head_dim"]), np.float32)   # shared, read-only
     vis, dec = [], []
     for i, p in enumerate(images):
         prep = model.prepare(p)
-        emb = model.session.encode_image(prep.pixels).copy()
         res = model.recognize(p, task="spotting" if i % 2 == 0 else "structured_parse",
                               options=DecodeOptions(max_new_tokens=decode_tokens))
         instruction, _ = model.instruction("spotting" if i % 2 == 0 else "structured_parse", None)
         ids = model.prompt_ids(instruction)
         cos_p, sin_p = model.rope_tables(ids)
+        emb = np.array(model.session.image_embeds, np.float32)   # the vision output of this image, [N_img, H]
         gen = np.asarray(res.token_ids, np.int64)
         seq = np.concatenate([ids, gen])
         pos = np.arange(len(ids), len(seq))
