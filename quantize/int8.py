@@ -202,11 +202,13 @@ def _session(model_proto_or_path, path_hint: Path | None = None):
     so.log_severity_level = 3
     if isinstance(model_proto_or_path, (str, Path)):
         return ort.InferenceSession(str(model_proto_or_path), so, providers=["CPUExecutionProvider"])
+    if path_hint is not None:
+        _materialize(model_proto_or_path, path_hint)
     return ort.InferenceSession(model_proto_or_path.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
-def vision_cosine(model, ref_outputs: list[np.ndarray], samples: list[dict]) -> float:
-    s = _session(model)
+def vision_cosine(model, ref_outputs: list[np.ndarray], samples: list[dict], base: Path | None = None) -> float:
+    s = _session(model, base)
     cos = []
     for x, ref in zip(samples, ref_outputs):
         out = s.run(None, x)[0]
@@ -216,11 +218,11 @@ def vision_cosine(model, ref_outputs: list[np.ndarray], samples: list[dict]) -> 
     return float(np.mean(cos))
 
 
-def decoder_top1(model, ref_logits: list[np.ndarray], samples: list[dict]) -> float:
+def decoder_top1(model, ref_logits: list[np.ndarray], samples: list[dict], base: Path | None = None) -> float:
     """Teacher-forced top-1 agreement: one run per sample, comparing the last-position logits of
     every prefix would need S runs, so compare the argmax of the final logits of growing prefixes
     cut at the generated tokens."""
-    s = _session(model)
+    s = _session(model, base)
     agree = []
     for x, refs in zip(samples, ref_logits):
         outs = _prefix_logits(s, x, len(refs))
@@ -247,7 +249,9 @@ def quantize_graph(fp32_path: Path, kind: str, calib: list[dict], holdout: list[
     from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
     from nncf.onnx.quantization.backend_parameters import BackendParameters
 
-    model = onnx.load(str(fp32_path), load_external_data=True)
+    # weights stay on disk: NNCF reads them through EXTERNAL_DATA_DIR (graphs over 2 GB cannot be
+    # serialized as one protobuf)
+    model = onnx.load(str(fp32_path), load_external_data=False)
     eligible, excluded = eligible_and_excluded(model, kind)
     adv = AdvancedQuantizationParameters(
         smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=0.95 if opts.smooth_quant else -1),
@@ -262,13 +266,13 @@ def quantize_graph(fp32_path: Path, kind: str, calib: list[dict], holdout: list[
     fp = _session(fp32_path)
     if kind == "vision":
         refs = [fp.run(None, x)[0] for x in holdout]
-        score = vision_cosine(q, refs, holdout)
+        score = vision_cosine(q, refs, holdout, fp32_path.parent)
         gate = opts.vision_min_cosine
         metric_name = "mean cosine vs FP32"
     else:
         n_gen = 8
         refs = [_prefix_logits(fp, x, n_gen) for x in holdout]
-        score = decoder_top1(q, refs, holdout)
+        score = decoder_top1(q, refs, holdout, fp32_path.parent)
         gate = opts.decoder_min_top1
         metric_name = "teacher-forced top-1 agreement vs FP32"
     progress(f"{kind}: held-out {metric_name} = {score:.4f} (gate {gate})")
@@ -277,7 +281,9 @@ def quantize_graph(fp32_path: Path, kind: str, calib: list[dict], holdout: list[
         progress(f"{kind}: gate failed; sensitivity pass (NNCF accuracy control) reverts the most damaging layers")
 
         def validate(m, data):
-            return vision_cosine(m, refs, list(data)) if kind == "vision" else decoder_top1(m, refs, list(data))
+            base = fp32_path.parent
+            return (vision_cosine(m, refs, list(data), base) if kind == "vision"
+                    else decoder_top1(m, refs, list(data), base))
 
         before = quantized_nodes(q)
         with contextlib.redirect_stdout(io.StringIO()):
@@ -289,8 +295,9 @@ def quantize_graph(fp32_path: Path, kind: str, calib: list[dict], holdout: list[
         after = quantized_nodes(q)
         for name in sorted(before - after):
             reverted[name] = f"reverted by the sensitivity pass ({metric_name} gate {gate})"
-        score = validate(q, holdout) if kind == "vision" else decoder_top1(q, refs, holdout)
+        score = validate(q, holdout)
         progress(f"{kind}: after reverting {len(reverted)} layer(s): {metric_name} = {score:.4f}")
+    _materialize(q, fp32_path.parent)
     folded = fold_weight_quantizers(q)
     n_act, n_sym = activation_quantizers_symmetric(q)
     quantized = sorted(quantized_nodes(q))
@@ -299,6 +306,14 @@ def quantize_graph(fp32_path: Path, kind: str, calib: list[dict], holdout: list[
               "kept_fp": {**{k: v for k, v in excluded.items()}, **reverted},
               "activation_quantizers": n_act, "symmetric_activation_quantizers": n_sym, **folded}
     return q, report
+
+
+def _materialize(model, base_dir: Path) -> None:
+    """Load tensors that still point at the FP32 artifact's external data into the proto."""
+    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+    if any(uses_external_data(t) for t in model.graph.initializer):
+        load_external_data_for_model(model, str(base_dir))
 
 
 def _acc_params(opts: Int8Options):
