@@ -132,3 +132,25 @@ def test_letterbox_geometry():
     small = Image.fromarray(np.zeros((10, 20, 3), np.uint8))
     _, lb2 = preprocess.letterbox(small)
     assert (lb2.new_w, lb2.new_h) == (1024, 512)
+
+
+def test_backends_keep_the_session_signature():
+    """Every backend implements the one narrow seam with the same signatures."""
+    import inspect
+
+    from edgeocr.backends.base import Session
+    from edgeocr.backends.ort import OrtSession
+    for name in ("encode_image", "prefill", "step", "memory_bytes"):
+        want = list(inspect.signature(getattr(Session, name)).parameters)
+        got = list(inspect.signature(getattr(OrtSession, name)).parameters)
+        assert got == want, (name, got, want)
+
+
+def test_python_api_and_cli_share_task_names():
+    from edgeocr.cli import main
+    import contextlib
+    import io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["tasks"]) == 0
+    assert [line.split()[0] for line in buf.getvalue().splitlines()] == prompts.task_names()
