@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from edgeocr.errors import EdgeOCRError
 
 FONT_DIRS = ("/usr/share/fonts", "/usr/local/share/fonts", os.path.expanduser("~/.fonts"))
+FONT_DIR_ENV = "EDGEOCR_FONT_DIR"   # extra flat directory of font files (e.g. carried to a machine without apt)
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,11 @@ class FontSet:
 @functools.lru_cache(maxsize=1)
 def discover() -> FontSet:
     faces, missing = [], []
+    extra = os.environ.get(FONT_DIR_ENV)
     for name, rel, idx, cjk, style, bold, pkg in CATALOG:
         path = next((os.path.join(d, rel) for d in FONT_DIRS if os.path.exists(os.path.join(d, rel))), None)
+        if path is None and extra and os.path.exists(os.path.join(extra, os.path.basename(rel))):
+            path = os.path.join(extra, os.path.basename(rel))
         if path:
             faces.append(FontFace(name, path, idx, cjk, style, bold))
         else:
