@@ -103,17 +103,31 @@ def invoice_en(fonts, rng) -> tuple[Page, str, str]:
     seller = C.company_en(rng)
     a1, a2 = C.address_en(rng)
     y = m
-    p.text((m, y), seller, fb, int(fs * 1.6))
-    p.text((w - m, y), "INVOICE", fb, int(fs * 2.4), anchor="ra", fill=(30, 60, 120))
-    y += int(fs * 2.6)
-    for s in (a1, a2, C.phone_us(rng)):
-        p.text((m, y), s, f, fs)
-        y += int(fs * 1.5)
     inv, day, due = f"INV-{rng.integers(2019, 2027)}-{rng.integers(1, 99999):05d}", C.date(rng, "us"), C.date(rng, "us")
-    yy = m + int(fs * 2.6)
-    for lab, v in (("Invoice No.", inv), ("Date", day), ("Due Date", due)):
-        p.text((w - m - int(w * 0.35), yy), f"{lab}: {v}", f, fs)
-        yy += int(fs * 1.5)
+    if rng.random() < 0.5:        # layout A: seller top-left, INVOICE top-right, meta under it
+        p.text((m, y), seller, fb, int(fs * 1.6))
+        p.text((w - m, y), "INVOICE", fb, int(fs * 2.4), anchor="ra", fill=(30, 60, 120))
+        y += int(fs * 2.6)
+        for s in (a1, a2, C.phone_us(rng)):
+            p.text((m, y), s, f, fs)
+            y += int(fs * 1.5)
+        yy = m + int(fs * 2.6)
+        for lab, v in (("Invoice No.", inv), ("Date", day), ("Due Date", due)):
+            p.text((w - m - int(w * 0.35), yy), f"{lab}: {v}", f, fs)
+            yy += int(fs * 1.5)
+    else:                         # layout B: banner, seller block right-aligned, meta in one row
+        p.rect((0, 0, w, int(fs * 4)), outline=None, fill=(40, 70, 120))
+        p.text((m, int(fs * 1.0)), "INVOICE", fb, int(fs * 2.2), fill=(255, 255, 255))
+        y = int(fs * 5)
+        for s, font in ((seller, fb), (a1, f), (a2, f), (C.phone_us(rng), f)):
+            p.text((w - m, y), s, font, fs, anchor="ra")
+            y += int(fs * 1.5)
+        y += fs
+        x = m
+        for lab, v in (("Invoice No.", inv), ("Date", day), ("Due Date", due)):
+            p.text((x, y), f"{lab}: {v}", f, int(fs * 0.9))
+            x += int((w - 2 * m) / 3)
+        yy = y + int(fs * 1.5)
     y = max(y, yy) + fs * 2
     buyer = C.company_en(rng)
     b1, b2 = C.address_en(rng)
@@ -163,13 +177,14 @@ def receipt(fonts, rng) -> tuple[Page, str, str]:
     store = C.pick(rng, ["便利店", "超市", "生活馆"]) if lang == "zh" else C.pick(rng, ["Mart", "Grocery", "Market"])
     store = (C.pick(rng, C.CO_PREFIX_ZH) + store) if lang == "zh" else f"{C.pick(rng, C.CO_EN_A)} {store}"
     y = m
-    p.text((w // 2, y), store, p.fonts.pick(rng, cjk=lang != "en", bold=True), int(fs * 1.3), anchor="ma")
+    hx, anc = (w // 2, "ma") if rng.random() < 0.6 else (m, "la")     # centered or left-aligned header
+    p.text((hx, y), store, p.fonts.pick(rng, cjk=lang != "en", bold=True), int(fs * 1.3), anchor=anc)
     y += int(fs * 2)
     addr = C.address_zh(rng) if lang != "en" else ", ".join(C.address_en(rng))
-    p.text((w // 2, y), addr, mono, p.fit(addr, mono, int(fs * 0.8), w - 2 * m), anchor="ma")
+    p.text((hx, y), addr, mono, p.fit(addr, mono, int(fs * 0.8), w - 2 * m), anchor=anc)
     y += int(fs * 1.4)
     tel = C.landline_cn(rng) if lang != "en" else C.phone_us(rng)
-    p.text((w // 2, y), ("电话 " if lang != "en" else "Tel ") + tel, mono, int(fs * 0.8), anchor="ma")
+    p.text((hx, y), ("电话 " if lang != "en" else "Tel ") + tel, mono, int(fs * 0.8), anchor=anc)
     y += int(fs * 1.6)
     day = f"{C.date(rng)} {rng.integers(7, 23):02d}:{rng.integers(0, 60):02d}"
     p.text((m, y), day, mono, int(fs * 0.85))
@@ -416,10 +431,15 @@ def table(fonts, rng) -> tuple[Page, str, str]:
     heads = (heads_zh if lang == "zh" else heads_en)[:cols - 1] + [(heads_zh if lang == "zh" else heads_en)[-1]]
     top = m // 2 + int(fs * 3)
     cw = (w - 2 * m) // cols
-    for r in range(rows + 2):
-        p.hline(m, m + cw * cols, top + r * rh, width=2 if r in (0, 1) else 1)
-    for c in range(cols + 1):
-        p.vline(m + c * cw, top, top + (rows + 1) * rh)
+    if rng.random() < 0.5:        # ruled grid
+        for r in range(rows + 2):
+            p.hline(m, m + cw * cols, top + r * rh, width=2 if r in (0, 1) else 1)
+        for c in range(cols + 1):
+            p.vline(m + c * cw, top, top + (rows + 1) * rh)
+    else:                         # banded rows, no vertical rules
+        p.rect((m, top, m + cw * cols, top + rh), outline=None, fill=(210, 220, 235))
+        for r in range(2, rows + 1, 2):
+            p.rect((m, top + r * rh, m + cw * cols, top + (r + 1) * rh), outline=None, fill=(240, 242, 246))
     for c, hd in enumerate(heads):
         p.text((m + c * cw + cw // 2, top + rh // 2), hd, fb, fs, anchor="mm")
     fields = {}
