@@ -90,6 +90,28 @@ def _shape_of(model, name: str) -> list[int]:
     return []
 
 
+def drop_output_nop_casts(model) -> int:
+    """Remove Cast(to=FLOAT) nodes that produce a graph output of an FP32 graph (artifacts exported
+    before the exporter stopped emitting them); NNCF's nop-cast pass fails on those."""
+    from onnx import TensorProto
+
+    outputs = {o.name for o in model.graph.output}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    graph_inputs = {i.name for i in model.graph.input}
+    removed = 0
+    for n in list(model.graph.node):
+        to = next((a.i for a in n.attribute if a.name == "to"), None)
+        if n.op_type != "Cast" or to != TensorProto.FLOAT or n.output[0] not in outputs or n.input[0] in graph_inputs:
+            continue
+        src = producers.get(n.input[0])
+        if src is None or any(n.input[0] in m.input for m in model.graph.node if m is not n):
+            continue
+        src.output[list(src.output).index(n.input[0])] = n.output[0]
+        model.graph.node.remove(n)
+        removed += 1
+    return removed
+
+
 def quantized_nodes(model) -> set[str]:
     """Compute nodes with a DequantizeLinear feeding them."""
     dq_out = {n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
@@ -252,6 +274,7 @@ def quantize_graph(fp32_path: Path, kind: str, calib: list[dict], holdout: list[
     # weights stay on disk: NNCF reads them through EXTERNAL_DATA_DIR (graphs over 2 GB cannot be
     # serialized as one protobuf)
     model = onnx.load(str(fp32_path), load_external_data=False)
+    drop_output_nop_casts(model)
     eligible, excluded = eligible_and_excluded(model, kind)
     adv = AdvancedQuantizationParameters(
         smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=0.95 if opts.smooth_quant else -1),
