@@ -81,12 +81,13 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
     peak_dev = None
     for _ in range(max(1, repeats)):
         res = model.recognize(image, task=task, options=opts)
-        runs.append((res, list(res.step_ms)))
+        runs.append(res)
         if cuda is not None:
             free, total = cuda.mem_info()
             used = (total - free) / 2**20
             peak_dev = used if peak_dev is None else max(peak_dev, used)
-    res, steps = min(runs, key=lambda r: r[0].timings_ms["total"])
+    res = min(runs, key=lambda r: r.timings_ms["total"])
+    steps = list(res.step_ms)
     t = res.timings_ms
     q = max(1, len(steps) // 4)
     by_pos = {"first_quarter": statistics.mean(steps[:q]) if steps else 0.0,
@@ -110,28 +111,18 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
         bandwidth_floor_ms=floor)
 
 
-def bench_transformers(checkpoint: str | Path, artifact: str | Path, image, tokens: int, task: str = "spotting",
+def bench_transformers(checkpoint: str | Path, image, tokens: int, task: str = "spotting",
                        attn: str = "sdpa", dtype: str = "bfloat16") -> dict:
     """transformers `generate` on the same letterboxed image and prompt ids, same number of tokens."""
     import torch
-    from transformers import HunYuanVLForConditionalGeneration
 
-    from edgeocr import preprocess
-    from edgeocr.model import OCRModel
+    from edgeocr.reference import TransformersRunner
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    model = OCRModel(artifact)          # CPU session only used for preprocessing and prompt ids
-    prep = model.prepare(image)
-    instruction, _ = model.instruction(task, None)
-    ids = model.prompt_ids(instruction)
-    hf = HunYuanVLForConditionalGeneration.from_pretrained(checkpoint, attn_implementation=attn,
-                                                           dtype=getattr(torch, dtype)).to(dev).eval()
-    g = prep.pixels.shape[-1] // 16
-    ii = torch.from_numpy(ids)[None].to(dev)
-    inputs = {"input_ids": ii, "attention_mask": torch.ones_like(ii),
-              "pixel_values": torch.from_numpy(preprocess.patchify(prep.pixels).copy()).to(dev, getattr(torch, dtype)),
-              "image_grid_thw": torch.tensor([[1, g, g]], device=dev),
-              "mm_token_type_ids": (ii == hf.config.image_token_id).int()}
+    runner = TransformersRunner(str(checkpoint), dev, attn=attn, dtype=dtype)
+    hf = runner.model
+    inputs, _ = runner.inputs(image, task)
+    ii = inputs["input_ids"]
 
     def run(n):
         if dev == "cuda":

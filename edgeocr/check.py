@@ -65,12 +65,6 @@ def _hash_dir_files(d: Path, names) -> str:
     return h.hexdigest()[:16]
 
 
-def _ref_text(sample: Sample, task: str) -> str | None:
-    if sample.label is None:
-        return None
-    return sample.label.get("text")
-
-
 def _hyp_text(result, task: str) -> str:
     if task in prompts.SPOTTING_TASKS:
         return "\n".join(ln.text for ln in result.lines)
@@ -100,7 +94,7 @@ def compare_page(ref_runner: Runner, cand_runner: Runner, sample: Sample, task: 
         t, p = None, prompts.field_extraction_prompt(list(fields), "en")
     else:
         t, p = task, None
-    ref_text = _ref_text(sample, task) if task != FIELDS_TASK else None
+    ref_text = sample.text if task != FIELDS_TASK else None
     ra = ref_runner.run(sample.path, t, p, lang, opts)
     rb = cand_runner.run(sample.path, t, p, lang, opts)
     div = metrics.first_divergence(ra.token_ids, rb.token_ids)

@@ -116,7 +116,7 @@ def _bench(args) -> int:
                         task=args.task, threads=args.threads)
         hf = None
         if args.compare_transformers:
-            hf = bench.bench_transformers(args.compare_transformers, args.artifact, image, args.tokens, args.task)
+            hf = bench.bench_transformers(args.compare_transformers, image, args.tokens, args.task)
     except EdgeOCRError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -125,11 +125,10 @@ class OCRModel:
         return rope.cos_sin(pos, self.freqs, self.sections, self.rope_layout)
 
     # ------------------------------------------------------------------ API
-    def stream(self, image, task: str | None = None, prompt: str | None = None, lang: str = "zh",
-               options: DecodeOptions = DecodeOptions(),
-               stop_check: Callable[[], bool] | None = None) -> Iterator[tuple[int, str]]:
-        """Yield (token_id, text_delta) as tokens are generated.  The final OCRResult is
-        available as `self.last_result` when the iterator is exhausted."""
+    def _generate(self, image, task, prompt, lang, options: DecodeOptions,
+                  stop_check: Callable[[], bool] | None) -> Iterator[tuple[int, DecodeState]]:
+        """Prepare, encode the image, then yield (token, state) per generated token; the finished
+        OCRResult is left in `self.last_result`."""
         t_start = time.perf_counter()
         instruction, task_key = self.instruction(task, prompt, lang)
         options.validate(self.session.max_len)
@@ -141,44 +140,39 @@ class OCRModel:
         vision_ms = (time.perf_counter() - t0) * 1e3
         penalty = options.repetition_penalty or self.manifest.decode.get("repetition_penalty", 1.08)
         st = DecodeState()
-        text_so_far = ""
         for tok in greedy(self.session, ids, cos, sin, self.table_cos, self.table_sin, self.stop_ids, penalty,
                           options, text_of=self.tokenizer.decode, state=st, stop_check=stop_check):
+            yield tok, st
+        self.last_result = self._result(st, ids, prep, task_key, vision_ms, t_start)
+
+    def stream(self, image, task: str | None = None, prompt: str | None = None, lang: str = "zh",
+               options: DecodeOptions = DecodeOptions(),
+               stop_check: Callable[[], bool] | None = None) -> Iterator[tuple[int, str]]:
+        """Yield (token_id, text_delta) as tokens are generated.  The final OCRResult is
+        available as `self.last_result` when the iterator is exhausted."""
+        text_so_far = ""
+        for tok, st in self._generate(image, task, prompt, lang, options, stop_check):
             text = self.tokenizer.decode(st.tokens)
             if text.endswith("\ufffd") and not st.finish_reason:   # incomplete UTF-8: hold back
                 yield tok, ""
                 continue
             delta, text_so_far = text[len(text_so_far):], text
             yield tok, delta
-        self.last_result = self._result(st, ids, prep, task_key, vision_ms, t_start)
 
     def recognize(self, image, task: str | None = None, prompt: str | None = None, lang: str = "zh",
                   options: DecodeOptions = DecodeOptions(),
                   on_token: Callable[[int, str], None] | None = None,
                   stop_check: Callable[[], bool] | None = None) -> OCRResult:
         """Run one image.  task: an official task key (see edgeocr.prompts.task_names()); prompt: a
-        custom instruction instead; on_token(id, text_delta) is called as tokens arrive."""
-        if on_token is not None or stop_check is not None:
+        custom instruction instead; on_token(id, text_delta) is called as tokens arrive; stop_check()
+        returning True ends generation early (finish_reason 'cancelled')."""
+        if on_token is not None:
             for tok, delta in self.stream(image, task, prompt, lang, options, stop_check):
-                if on_token is None:
-                    continue
                 on_token(tok, delta)
-            return self.last_result
-        t_start = time.perf_counter()
-        instruction, task_key = self.instruction(task, prompt, lang)
-        options.validate(self.session.max_len)
-        prep = self.prepare(image)
-        ids = self.prompt_ids(instruction)
-        cos, sin = self.rope_tables(ids)
-        t0 = time.perf_counter()
-        self.session.encode_image(prep.pixels)
-        vision_ms = (time.perf_counter() - t0) * 1e3
-        penalty = options.repetition_penalty or self.manifest.decode.get("repetition_penalty", 1.08)
-        st = DecodeState()
-        for _ in greedy(self.session, ids, cos, sin, self.table_cos, self.table_sin, self.stop_ids, penalty,
-                        options, text_of=self.tokenizer.decode, state=st):
-            pass
-        return self._result(st, ids, prep, task_key, vision_ms, t_start)
+        else:
+            for _ in self._generate(image, task, prompt, lang, options, stop_check):
+                pass
+        return self.last_result
 
     def _result(self, st: DecodeState, ids, prep: Prepared, task_key, vision_ms, t_start) -> OCRResult:
         text = postprocess.clean_repeated_substrings(self.tokenizer.decode(st.tokens))

@@ -59,6 +59,7 @@ class Job:
     result: object = None
     error: HTTPError | None = None
     started: float = 0.0
+    chat_model: str = "hunyuanocr"      # OpenAI requests: the model name to echo back
 
 
 class Metrics:
@@ -591,7 +592,7 @@ def _oai_finish(reason: str) -> str:
 
 def _chat_response(job: Job, r) -> dict:
     return {"id": f"chatcmpl-{job.id}", "object": "chat.completion", "created": int(time.time()),
-            "model": getattr(job, "chat_model", "hunyuanocr"),
+            "model": job.chat_model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text},
                          "finish_reason": _oai_finish(r.finish_reason)}],
             "usage": {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.generated_tokens,

@@ -118,47 +118,17 @@ def quantized_nodes(model) -> set[str]:
     return {n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm", "Conv") and any(i in dq_out for i in n.input)}
 
 
-def fold_weight_quantizers(model) -> dict:
-    """QuantizeLinear(float initializer) -> int8 initializer feeding the same DequantizeLinear.
-    Stores weights as int8 on disk (4x smaller than FP32) and checks every zero point is 0."""
+def check_symmetric(model) -> None:
+    """Every quantizer must have a zero point of 0: TensorRT accepts only symmetric INT8.
+    (NNCF already stores the weights as int8 initializers feeding DequantizeLinear.)"""
     from onnx import numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
-    zp_nonzero = []
-    for n in model.graph.node:
-        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 2 and n.input[2] in inits:
-            zp = numpy_helper.to_array(inits[n.input[2]])
-            if np.any(zp != 0):
-                zp_nonzero.append(n.name)
-    if zp_nonzero:
-        raise ValueError(f"asymmetric quantizers (non-zero zero point) in {zp_nonzero[:5]}: TensorRT needs symmetric")
-    consumers: dict[str, int] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            consumers[i] = consumers.get(i, 0) + 1
-    folded, keep = 0, []
-    for n in model.graph.node:
-        if n.op_type == "QuantizeLinear" and n.input[0] in inits and n.input[1] in inits:
-            w = numpy_helper.to_array(inits[n.input[0]]).astype(np.float32)
-            scale = numpy_helper.to_array(inits[n.input[1]]).astype(np.float32)
-            axis = next((a.i for a in n.attribute if a.name == "axis"), 1)
-            if scale.ndim == 1 and scale.size > 1:
-                shape = [1] * w.ndim
-                shape[axis] = -1
-                scale = scale.reshape(shape)
-            q = np.clip(np.rint(w / scale), -128, 127).astype(np.int8)
-            t = numpy_helper.from_array(q, n.output[0])
-            model.graph.initializer.append(t)
-            folded += 1
-            continue
-        keep.append(n)
-    del model.graph.node[:]
-    model.graph.node.extend(keep)
-    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
-    alive = [t for t in model.graph.initializer if t.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(alive)
-    return {"weights_folded_to_int8": folded}
+    bad = [n.name for n in model.graph.node
+           if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 2 and n.input[2] in inits
+           and np.any(numpy_helper.to_array(inits[n.input[2]]) != 0)]
+    if bad:
+        raise ValueError(f"asymmetric quantizers (non-zero zero point) in {bad[:5]}: TensorRT needs symmetric")
 
 
 def activation_quantizers_symmetric(model) -> tuple[int, int]:
@@ -193,10 +163,9 @@ def capture(fp32_artifact: Path, images: list[Path], decode_tokens: int,
     zeros = np.zeros((1, kv["kv_heads"], kv["max_len"], kv["head_dim"]), np.float32)   # shared, read-only
     vis, dec = [], []
     for i, p in enumerate(images):
-        prep = model.prepare(p)
-        res = model.recognize(p, task="spotting" if i % 2 == 0 else "structured_parse",
-                              options=DecodeOptions(max_new_tokens=decode_tokens))
-        instruction, _ = model.instruction("spotting" if i % 2 == 0 else "structured_parse", None)
+        task = "spotting" if i % 2 == 0 else "structured_parse"
+        res = model.recognize(p, task=task, options=DecodeOptions(max_new_tokens=decode_tokens))
+        instruction, _ = model.instruction(task, None)
         ids = model.prompt_ids(instruction)
         cos_p, sin_p = model.rope_tables(ids)
         emb = np.array(model.session.image_embeds, np.float32)   # the vision output of this image, [N_img, H]
@@ -205,7 +174,7 @@ def capture(fp32_artifact: Path, images: list[Path], decode_tokens: int,
         pos = np.arange(len(ids), len(seq))
         cos = np.concatenate([cos_p, model.table_cos[pos]])
         sin = np.concatenate([sin_p, model.table_sin[pos]])
-        vis.append({"pixels": prep.pixels})
+        vis.append({"pixels": model.prepare(p).pixels})
         sample = {"input_ids": seq[None], "image_embeds": emb, "cos": cos[None].astype(np.float32),
                   "sin": sin[None].astype(np.float32), "past_len": np.zeros((1,), np.int64)}
         for layer in range(kv["layers"]):
@@ -321,13 +290,13 @@ def quantize_graph(fp32_path: Path, kind: str, calib: list[dict], holdout: list[
         score = validate(q, holdout)
         progress(f"{kind}: after reverting {len(reverted)} layer(s): {metric_name} = {score:.4f}")
     _materialize(q, fp32_path.parent)
-    folded = fold_weight_quantizers(q)
+    check_symmetric(q)
     n_act, n_sym = activation_quantizers_symmetric(q)
     quantized = sorted(quantized_nodes(q))
     report = {"metric": metric_name, "score": score, "gate": gate, "gate_passed": score >= gate,
               "eligible": len(eligible), "quantized": len(quantized),
               "kept_fp": {**{k: v for k, v in excluded.items()}, **reverted},
-              "activation_quantizers": n_act, "symmetric_activation_quantizers": n_sym, **folded}
+              "activation_quantizers": n_act, "symmetric_activation_quantizers": n_sym}
     return q, report
 
 

@@ -223,12 +223,14 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print) -> 
             rec = {"step": step, "loss": round(float(loss.detach()), 4), "lr": lr, "elapsed_s": round(time.perf_counter() - t0, 1)}
             if step % 10 == 0 or step == 1:
                 log(f"step {step}/{cfg.steps} loss {rec['loss']:.4f} lr {lr:.2e} ({rec['elapsed_s']:.0f} s)")
-            if step % cfg.save_every == 0 or step == cfg.steps:
-                model.save_pretrained(out / "checkpoint")
+            save = step % cfg.save_every == 0 or step == cfg.steps
+            do_eval = bool(cfg.eval_every) and (step % cfg.eval_every == 0 or step == cfg.steps)
+            if save or do_eval:
+                model.save_pretrained(out / "checkpoint")      # evaluation reads this checkpoint
+            if save:
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, state_path)
-            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+            if do_eval:
                 model.eval()
-                model.save_pretrained(out / "checkpoint")
                 rec.update(evaluate(out / "checkpoint", cfg.eval_images))
                 log(f"step {step}: eval CER {rec['eval_cer']:.3f}")
                 model.train()

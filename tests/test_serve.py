@@ -302,14 +302,21 @@ def test_retry_after_header(art_a, tmp_path):
         d.wait_ready()
         b64 = base64.b64encode(_png(5)).decode()
         body = json.dumps({"image": b64, "max_new_tokens": 400, "prompt": "x"}).encode()
-        with ThreadPoolExecutor(6) as ex:
-            futs = [ex.submit(post_json, d.unix, "/v1/ocr", json.loads(body)) for _ in range(3)]
-            time.sleep(0.3)
-            conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=60)
-            conn.request("POST", "/v1/ocr", body, _auth({"Content-Type": "application/json"}))
-            resp = conn.getresponse()
+        with ThreadPoolExecutor(8) as ex:
+            futs = []
+            for _ in range(5):
+                # one request running and one waiting fill a queue of 1: then TCP must get 503
+                futs += [ex.submit(post_json, d.unix, "/v1/ocr", json.loads(body)) for _ in range(2)]
+                depth, end = 0, time.monotonic() + 10
+                while depth < 1 and time.monotonic() < end:
+                    depth = json.loads(client_request(d.unix, "GET", "/health/ready")[1]).get("queue_depth", 0)
+                conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=60)
+                conn.request("POST", "/v1/ocr", body, _auth({"Content-Type": "application/json"}))
+                resp = conn.getresponse()
+                resp.read()
+                if resp.status == 503:
+                    break
             assert resp.status == 503 and int(resp.getheader("Retry-After")) >= 1
-            resp.read()
             assert all(f.result()[0] in (200, 503) for f in futs)
     finally:
         d.stop()

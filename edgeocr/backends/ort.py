@@ -192,13 +192,19 @@ class OrtSession:
         self.step_out = {"logits": ort.OrtValue.ortvalue_from_shape_and_type((1, self.vocab_size), np.float32, "cuda", 0)}
         for name in self._out_names()[1:]:
             self.step_out[name] = ort.OrtValue.ortvalue_from_shape_and_type((1, self.kvh, 1, self.hd), self.kv_dtype, "cuda", 0)
+        self.caches = self.k + self.v                                   # copy targets, in output order
+        self.step_news = [self.step_out[n] for n in self._out_names()[1:]]
+        # host staging for the per-step inputs, allocated once
+        self.h_ids = np.zeros((1, 1), np.int64)
+        self.h_cos = np.zeros((1, 1, self.hd), np.float32)
+        self.h_sin = np.zeros((1, 1, self.hd), np.float32)
+        self.h_pos = np.zeros((1,), np.int64)
         self._image_dev = None
         self.image_embeds = None
 
     def _scatter_rows(self, news: list, pos: int, s: int) -> None:
         """Copy new rows [1, KVH, s, D] into each cache at rows [pos, pos+s): one 2-D copy per tensor."""
-        for i, dst in enumerate(self.k + self.v):
-            src = news[i]
+        for dst, src in zip(self.caches, news):
             # dst pitch: one head = MAX rows; src pitch: s rows
             self.cuda.memcpy2d(dst.data_ptr() + pos * self.row_bytes, self.max_len * self.row_bytes,
                                src.data_ptr(), s * self.row_bytes, s * self.row_bytes, self.kvh)
@@ -228,10 +234,11 @@ class OrtSession:
         return logits
 
     def _step_cuda(self, token_id, pos, cos, sin) -> np.ndarray:
-        self.step_in["input_ids"].update_inplace(np.array([[token_id]], np.int64))
-        self.step_in["cos"].update_inplace(np.ascontiguousarray(cos.reshape(1, 1, -1), np.float32))
-        self.step_in["sin"].update_inplace(np.ascontiguousarray(sin.reshape(1, 1, -1), np.float32))
-        self.step_in["past_len"].update_inplace(np.array([pos], np.int64))
+        self.h_ids[0, 0], self.h_cos[0, 0], self.h_sin[0, 0], self.h_pos[0] = token_id, cos, sin, pos
+        self.step_in["input_ids"].update_inplace(self.h_ids)
+        self.step_in["cos"].update_inplace(self.h_cos)
+        self.step_in["sin"].update_inplace(self.h_sin)
+        self.step_in["past_len"].update_inplace(self.h_pos)
         self.decoder.run_with_iobinding(self.binding)
-        self._scatter_rows([self.step_out[n] for n in self._out_names()[1:]], pos, 1)
+        self._scatter_rows(self.step_news, pos, 1)
         return self.step_out["logits"].numpy()[0]
