@@ -1,12 +1,21 @@
 """Train a small HunyuanVL-architecture OCR model on synthetic business documents (issue 8).
 
-    python -m quantize.train OUT [--steps 3000] [--batch 16] [--device cuda] [--resume]
+    python -m quantize.train OUT [--steps N | --gpu-seconds S] [--batch 24] [--device cuda] [--resume]
+                                 [--budget-s S]
 
 transformers' own HunYuanVLForConditionalGeneration (so the checkpoint has the real format), its own
 byte-level BPE tokenizer.json with the real special-token names, documents from the calibration_data
 generator rendered at the runtime's 1024x1024 letterboxed input, the official prompts for full text
 (structured_parse) and spotting (0-1000 boxes of the canvas).  Seeded and resumable (OUT/train_state.pt);
 progress and a loss/CER log in OUT/train_log.jsonl; the final checkpoint in OUT/checkpoint.
+
+`--gpu-seconds S` sizes the run to S seconds of training: the step count is fixed from the first 30
+steps' mean time, logged, and stored with the resumable state (so a resumed run keeps the same schedule;
+pass `--steps N` to reproduce it exactly).  `--budget-s S` stops this invocation after S seconds with the
+state saved, for machines whose commands are time-limited; `--resume` continues it.
+Pages are rendered by a process pool ahead of the GPU (a few batches in flight); the uint8 canvases are
+normalized and patchified on the device with the runtime's lookup table, so training sees exactly the
+pixels the runtime feeds the encoder.
 """
 
 from __future__ import annotations
@@ -17,13 +26,14 @@ import math
 import os
 import sys
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from edgeocr import prompts
-from edgeocr.preprocess import CANVAS, letterbox, normalize, patchify
+from edgeocr.preprocess import CANVAS, letterbox
 
 TASKS = ("structured_parse", "spotting")
 
@@ -40,20 +50,21 @@ class TrainConfig:
     workers: int = 8                  # document-rendering processes
     max_target_tokens: int = 640      # longer targets are cut (rare for these documents)
     eval_every: int = 250             # steps between CER evaluations on calibration_data/eval
-    eval_images: int = 8
+    eval_images: int = 4
+    eval_tokens: int = 700
     save_every: int = 250             # steps between resumable checkpoints
-    bpe_vocab: int = 3000             # BPE entries before the special tokens
-    # model sizes: keep the checkpoint <= 12 MB in bf16 (about 6M parameters)
+    bpe_vocab: int = 2200             # BPE entries before the special tokens
+    # model sizes: keep the checkpoint <= 12 MB in bf16 (at most 6.0M parameters)
     hidden: int = 256
     layers: int = 4
     heads: int = 4
     kv_heads: int = 2
     head_dim: int = 64
-    intermediate: int = 768
+    intermediate: int = 512
     v_hidden: int = 192
     v_layers: int = 4
     v_heads: int = 4
-    v_intermediate: int = 576
+    v_intermediate: int = 448
     max_image_size: int = 1024        # position grid 64x64: the runtime's grid, no resize needed
 
 
@@ -74,7 +85,7 @@ def render(args) -> tuple[np.ndarray, str, str]:
     """Worker: document index -> (canvas uint8 [S, S, 3], task, target)."""
     index, seed = args
     from quantize.docgen import GenOptions, make_document
-    img, rec = make_document(index, seed, GenOptions(degrade_prob=0.6))
+    img, rec = make_document(index, seed, GenOptions(degrade_prob=0.5))
     canvas, lb = letterbox(img)
     task = TASKS[index % len(TASKS)]
     return canvas, task, canvas_target(rec, lb, task)
@@ -131,25 +142,38 @@ def collate(batch, ids: dict, tok, cfg: TrainConfig, device):
                                  im_start=ids["im_start_id"], im_end=ids["im_end_id"],
                                  image=ids["image_token_id"], user=ids["user_token_id"])
     n_img = 32 * 33 + 2
-    seqs, labels, pix = [], [], []
-    for canvas, task, target in batch:
+    seqs, labels = [], []
+    for _, task, target in batch:
         p = prompts.build_prompt_ids(ptoks, n_img, tok.encode(prompts.task_prompt(task)).ids)
         t = tok.encode(target).ids[: cfg.max_target_tokens] + [ids["eos_token_id"]]
         seqs.append(p + t)
         labels.append([-100] * len(p) + t)
-        pix.append(patchify(normalize(canvas)))
     L = max(map(len, seqs))
     pad = ids["pad_token_id"]
     ii = torch.tensor([s + [pad] * (L - len(s)) for s in seqs], device=device)
     lab = torch.tensor([s + [-100] * (L - len(s)) for s in labels], device=device)
     am = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in seqs], device=device)
-    pv = torch.from_numpy(np.concatenate(pix)).to(device)
+    pv = device_patches(np.stack([c for c, _, _ in batch]), device)
     return {"input_ids": ii, "labels": lab, "attention_mask": am, "pixel_values": pv,
             "image_grid_thw": torch.tensor([[1, 64, 64]] * len(batch), device=device),
             "mm_token_type_ids": (ii == ids["image_token_id"]).int()}
 
 
-def evaluate(model_dir: Path, n: int) -> dict:
+def device_patches(canvases: np.ndarray, device) -> "torch.Tensor":
+    """uint8 [B, S, S, 3] -> [B*N, 3*16*16] float32: edgeocr.preprocess normalize + patchify, on `device`."""
+    import torch
+
+    from edgeocr.preprocess import _LUT
+
+    x = torch.from_numpy(canvases).to(device, non_blocking=True).permute(0, 3, 1, 2).long()   # [B, 3, S, S]
+    lut = torch.from_numpy(np.ascontiguousarray(_LUT)).to(device)                            # [3, 256]
+    v = lut[torch.arange(3, device=device)[None, :, None, None], x]
+    b, c, s, _ = v.shape
+    g, p = s // 16, 16
+    return v.reshape(b, c, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(b * g * g, c * p * p).contiguous()
+
+
+def evaluate(model_dir: Path, n: int, tokens: int = 700) -> dict:
     """CER of the current checkpoint on calibration_data/eval, through the transformers reference."""
     from edgeocr import metrics
     from edgeocr.dataset import load_dir
@@ -160,7 +184,7 @@ def evaluate(model_dir: Path, n: int) -> dict:
     root = Path(__file__).resolve().parents[1] / "calibration_data" / "eval"
     cers = []
     for s in load_dir(root)[:n]:
-        r = runner.recognize(s.path, task="structured_parse", options=DecodeOptions(max_new_tokens=700))
+        r = runner.recognize(s.path, task="structured_parse", options=DecodeOptions(max_new_tokens=tokens))
         cers.append(metrics.cer(r.text, s.text))
     return {"eval_cer": float(np.mean(cers)), "eval_images": len(cers)}
 
@@ -170,7 +194,9 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print) -> Path:
+def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
+          gpu_seconds: float | None = None, budget_s: float | None = None) -> Path:
+    """Train into `out`; returns the checkpoint folder.  See the module doc for the time options."""
     import multiprocessing as mp
 
     import torch
@@ -185,34 +211,54 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print) -> 
     other = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
-    step = 0
+    step, total, trained_s = 0, (None if gpu_seconds else cfg.steps), 0.0
     if resume and state_path.exists():
         st = torch.load(state_path, map_location=device, weights_only=False)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
-        step = st["step"]
-        log(f"resumed at step {step}")
-    (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
+        step, trained_s = st["step"], st.get("trained_s", 0.0)
+        if gpu_seconds:                 # keep the schedule the first invocation sized; --steps overrides it
+            total = st.get("total_steps")
+        log(f"resumed at step {step}" + (f" of {total}" if total else ""))
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params / 1e6:.2f}M parameters; batch {cfg.batch}; device {device}")
     amp = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device == "cuda" else torch.autocast("cpu", enabled=False)
-    ctx = mp.get_context("fork")
-    pool = ctx.Pool(cfg.workers) if cfg.workers > 1 else None
-    t0 = time.perf_counter()
+    pool = mp.get_context("fork").Pool(cfg.workers) if cfg.workers > 1 else None
+    start = time.perf_counter()
+    next_doc = step * cfg.batch
+    pending: deque = deque()
 
-    def batches(start_step):
-        i = start_step * cfg.batch
-        while True:
-            jobs = [(i + k, cfg.data_seed) for k in range(cfg.batch)]
-            yield pool.map(render, jobs) if pool else [render(j) for j in jobs]
-            i += cfg.batch
+    def submit():                       # keep a few batches rendering ahead of the GPU
+        nonlocal next_doc
+        jobs = [(next_doc + k, cfg.data_seed) for k in range(cfg.batch)]
+        pending.append(pool.map_async(render, jobs) if pool else [render(j) for j in jobs])
+        next_doc += cfg.batch
 
-    it = batches(step)
+    def take():
+        while len(pending) < (4 if pool else 1):
+            submit()
+        r = pending.popleft()
+        return r if isinstance(r, list) else r.get()
+
+    def save_state():
+        model.save_pretrained(out / "checkpoint")
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "total_steps": total,
+                    "trained_s": trained_s, "config": asdict(cfg)}, state_path)
+
     model.train()
+    step_times: list[float] = []
     with open(log_path, "a") as lf:
-        while step < cfg.steps:
-            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
+        while total is None or step < total:
+            if budget_s is not None and time.perf_counter() - start > budget_s:
+                save_state()
+                log(f"budget of {budget_s:.0f} s reached at step {step}; state saved, continue with --resume")
+                break
+            t_step = time.perf_counter()
+            planned = total or 10 ** 9
+            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(step, planned) / planned))
             for g in opt.param_groups:
                 g["lr"] = lr
-            inputs = collate(next(it), ids, tok, cfg, device)
+            inputs = collate(take(), ids, tok, cfg, device)
             with amp:
                 loss = model(**inputs).loss
             opt.zero_grad(set_to_none=True)
@@ -220,25 +266,33 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print) -> 
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             step += 1
-            rec = {"step": step, "loss": round(float(loss.detach()), 4), "lr": lr, "elapsed_s": round(time.perf_counter() - t0, 1)}
+            loss_v = float(loss.detach())              # synchronizes: the step time below is real
+            dt = time.perf_counter() - t_step
+            trained_s += dt
+            step_times.append(dt)
+            if total is None and len(step_times) == 30:
+                per = float(np.mean(step_times[10:]))
+                total = max(step + 1, int(gpu_seconds / per))
+                log(f"{per * 1000:.0f} ms/step -> {total} steps for {gpu_seconds:.0f} s")
+            rec = {"step": step, "loss": round(loss_v, 4), "lr": lr, "step_s": round(dt, 3),
+                   "elapsed_s": round(trained_s, 1)}
             if step % 10 == 0 or step == 1:
-                log(f"step {step}/{cfg.steps} loss {rec['loss']:.4f} lr {lr:.2e} ({rec['elapsed_s']:.0f} s)")
-            save = step % cfg.save_every == 0 or step == cfg.steps
-            do_eval = bool(cfg.eval_every) and (step % cfg.eval_every == 0 or step == cfg.steps)
-            if save or do_eval:
-                model.save_pretrained(out / "checkpoint")      # evaluation reads this checkpoint
-            if save:
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, state_path)
-            if do_eval:
+                log(f"step {step}/{total or '?'} loss {loss_v:.4f} lr {lr:.2e} ({trained_s:.0f} s, {dt * 1000:.0f} ms/step)")
+            final = total is not None and step >= total
+            if step % cfg.save_every == 0 or final:
+                save_state()
+            if cfg.eval_every and (step % cfg.eval_every == 0 or final):
                 model.eval()
-                rec.update(evaluate(out / "checkpoint", cfg.eval_images))
-                log(f"step {step}: eval CER {rec['eval_cer']:.3f}")
+                rec.update(evaluate(out / "checkpoint", cfg.eval_images, cfg.eval_tokens))
+                log(f"step {step}: eval CER {rec['eval_cer']:.3f} on {rec['eval_images']} eval pages")
                 model.train()
             lf.write(json.dumps(rec) + "\n")
             lf.flush()
     if pool:
-        pool.close()
-    model.to(torch.bfloat16).save_pretrained(out / "checkpoint")
+        pool.terminate()
+    if total is not None and step >= total:
+        model.to(torch.bfloat16).save_pretrained(out / "checkpoint")
+        log(f"done: {step} steps, {trained_s:.0f} s of training; checkpoint in {out / 'checkpoint'}")
     return out / "checkpoint"
 
 
@@ -247,6 +301,9 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
     ap.add_argument("--steps", type=int, default=TrainConfig.steps)
+    ap.add_argument("--gpu-seconds", type=float, help="size the run to this much training time (sets --steps)")
+    ap.add_argument("--budget-s", type=float, help="stop this invocation after S seconds, state saved")
+    ap.add_argument("--eval-images", type=int, default=TrainConfig.eval_images)
     ap.add_argument("--batch", type=int, default=TrainConfig.batch)
     ap.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 15))
     ap.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
@@ -254,12 +311,14 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="very small sizes (tests)")
     args = ap.parse_args(argv)
-    cfg = TrainConfig(steps=args.steps, batch=args.batch, workers=args.workers, eval_every=args.eval_every)
+    cfg = TrainConfig(steps=args.steps, batch=args.batch, workers=args.workers, eval_every=args.eval_every,
+                      eval_images=args.eval_images)
     if args.tiny:
         cfg = TrainConfig(**dict(asdict(cfg), hidden=64, layers=1, heads=2, kv_heads=1, head_dim=32, intermediate=128,
                                  v_hidden=32, v_layers=1, v_heads=2, v_intermediate=64, bpe_vocab=400,
                                  eval_images=1, max_target_tokens=64))
-    train(args.out, cfg, args.device, args.resume, log=lambda s: print(s, file=sys.stderr, flush=True))
+    train(args.out, cfg, args.device, args.resume, log=lambda s: print(s, file=sys.stderr, flush=True),
+          gpu_seconds=args.gpu_seconds, budget_s=args.budget_s)
     return 0
 
 

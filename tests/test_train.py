@@ -21,6 +21,8 @@ def _train(out, steps, *extra):
 def test_train_resume_export_run(tmp_path):
     out = tmp_path / "run"
     _train(out, 2)
+    r = _train(out, 3, "--resume", "--budget-s", "0")       # a time-limited invocation stops with state saved
+    assert "budget of 0 s reached at step 2" in r.stderr
     r = _train(out, 3, "--resume")
     assert "resumed at step 2" in r.stderr
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m quantize.docgen", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="output directory")
+    ap.add_argument("--out", type=Path, help="output directory")
     ap.add_argument("-n", type=int, default=16, help="number of documents")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of: {', '.join(KINDS)}")
@@ -111,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--png", action="store_true", help="write PNG instead of JPEG")
     ap.add_argument("--max-side", type=int, default=1280)
     ap.add_argument("--fonts", action="store_true", help="report fonts found and missing, then exit")
+    ap.add_argument("--subset-fonts", type=Path, metavar="DIR",
+                    help="write the found faces cut to the generator's characters into DIR (a flat folder to "
+                         "carry to a machine without apt; use it there with EDGEOCR_FONT_DIR=DIR), then exit")
     args = ap.parse_args(argv)
+    if not args.out and not args.fonts and not args.subset_fonts:
+        ap.error("--out is required")
     from quantize.docgen.fonts import FontsMissing
     try:
         fs = discover()
@@ -120,6 +125,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(fs.report(), file=sys.stderr)
     if args.fonts:
+        return 0
+    if args.subset_fonts:
+        from quantize.docgen.fonts import subset_fonts
+        written = subset_fonts(str(args.subset_fonts), fs)
+        for name, size, cut in written:
+            how = "subset" if cut else "whole (its subset renders differently)"
+            print(f"{name}: {size / 1024:.0f} KiB, {how}", file=sys.stderr)
+        total = sum(os.path.getsize(p) for p in args.subset_fonts.iterdir())
+        print(f"wrote {len(written)} faces ({total / 2**20:.1f} MiB) to {args.subset_fonts}", file=sys.stderr)
         return 0
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     bad = [k for k in kinds if k not in KINDS]
