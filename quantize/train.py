@@ -45,8 +45,10 @@ class TrainConfig:
     lr: float = 1.5e-3                # peak learning rate (AdamW), cosine decay
     warmup: int = 150                 # linear warm-up steps
     weight_decay: float = 0.05
+    reading_frac: float = 0.0         # share of random-line reading pages (reading_page) among the pages
     seed: int = 0
     data_seed: int = 7000             # generator seed (calib uses 1001, eval 2002)
+    tok_seed: int = 7099              # generator seed of the tokenizer's corpus
     workers: int = 8                  # document-rendering processes
     max_target_tokens: int = 640      # longer targets are cut (rare for these documents)
     eval_every: int = 250             # steps between CER evaluations on calibration_data/eval
@@ -81,14 +83,83 @@ def canvas_target(rec: dict, lb, task: str) -> str:
     return "".join(out)
 
 
+def reading_page(index: int, seed: int) -> tuple[np.ndarray, dict]:
+    """A canvas of random lines (digits, Latin, the generator's CJK characters) in random fonts and sizes.
+
+    No language prior can predict these lines, so they teach the encoder to read; the business documents
+    then teach layout and reading order.  Returns (canvas uint8 [S, S, 3], record with text and line boxes).
+    """
+    from PIL import Image, ImageDraw
+
+    from quantize.docgen.fonts import discover, generator_charset, truetype
+
+    rng = np.random.default_rng([seed, index, 17])
+    cjk_chars = [c for c in generator_charset() if ord(c) > 0x2E80]
+    latin = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+    punct = ".,:;-/#()%&*+@"
+    fs = discover()
+    bg = int(rng.integers(225, 256))
+    img = Image.new("RGB", (CANVAS, CANVAS), (bg, bg, max(0, bg - int(rng.integers(0, 12)))))
+    draw = ImageDraw.Draw(img)
+    size = int(np.exp(rng.uniform(np.log(12), np.log(44))))
+    y, lines, budget = int(rng.integers(8, 40)), [], int(rng.integers(120, 600))   # characters on the page
+    while sum(len(ln["text"]) for ln in lines) < budget:
+        size_l = max(10, int(size * rng.uniform(0.85, 1.2)))
+        if y + size_l * 1.4 > CANVAS - 8:
+            break
+        mix = rng.random()
+        face = fs.pick(rng, cjk=mix < 0.5, bold=rng.random() < 0.2)
+        font = truetype(face, size_l)
+        x0 = int(rng.integers(8, 120))
+        words, width = [], 0.0
+        limit = rng.uniform(0.3, 1.0) * (CANVAS - x0 - 8)
+        while True:
+            kind = rng.random()
+            if mix < 0.5 and kind < 0.55:
+                w = "".join(rng.choice(cjk_chars, int(rng.integers(1, 7))))
+            elif kind < 0.8:
+                w = "".join(rng.choice(list("0123456789"), int(rng.integers(1, 12))))
+                if rng.random() < 0.3:
+                    w = w[:-2] + "." + w[-2:] if len(w) > 2 else w
+            else:
+                w = "".join(rng.choice(list(latin), int(rng.integers(1, 9))))
+            if rng.random() < 0.15:
+                w += str(rng.choice(list(punct)))
+            cand = (" ".join(words + [w])) if words else w
+            tw = draw.textlength(cand, font=font)
+            if tw > limit:
+                break
+            words.append(w)
+            width = tw
+        if words:
+            text = " ".join(words)
+            ink = int(rng.integers(0, 90))
+            draw.text((x0, y), text, font=font, fill=(ink, ink, ink + int(rng.integers(0, 40))))
+            l, t, r, b = draw.textbbox((x0, y), text, font=font)
+            lines.append({"text": text, "box": [l, t, r, b]})
+        y += int(size_l * rng.uniform(1.3, 2.2))
+    canvas = np.asarray(img, dtype=np.uint8).copy()
+    return canvas, {"text": "\n".join(ln["text"] for ln in lines), "lines": lines}
+
+
 def render(args) -> tuple[np.ndarray, str, str]:
-    """Worker: document index -> (canvas uint8 [S, S, 3], task, target)."""
-    index, seed = args
+    """Worker: (index, generator seed, share of reading pages) -> (canvas uint8 [S, S, 3], task, target)."""
+    index, seed, reading_frac = args
+    task = TASKS[index % len(TASKS)]
+    if reading_frac and np.random.default_rng([seed, index, 3]).random() < reading_frac:
+        canvas, rec = reading_page(index, seed)
+        return canvas, task, canvas_target(rec, _IDENTITY, task)
     from quantize.docgen import GenOptions, make_document
     img, rec = make_document(index, seed, GenOptions(degrade_prob=0.5))
     canvas, lb = letterbox(img)
-    task = TASKS[index % len(TASKS)]
     return canvas, task, canvas_target(rec, lb, task)
+
+
+class _Identity:
+    scale = 1.0
+
+
+_IDENTITY = _Identity()
 
 
 def build_corpus(n: int, seed: int) -> list[str]:
@@ -100,13 +171,26 @@ def build_corpus(n: int, seed: int) -> list[str]:
     return texts
 
 
-def make_model(cfg: TrainConfig, out: Path):
+def make_model(cfg: TrainConfig, out: Path, init: Path | None = None):
+    """A fresh model and tokenizer written to out/checkpoint, or (init) the weights and tokenizer of a
+    checkpoint this script trained, to train further."""
+    import shutil
+
     import torch
     from transformers import GenerationConfig, HunYuanVLConfig, HunYuanVLForConditionalGeneration
 
     from quantize.tokenizer_build import build_tokenizer, special_ids, tokenizer_config
 
-    tok = build_tokenizer(build_corpus(600, cfg.data_seed + 99), cfg.bpe_vocab)
+    if init is not None:
+        from tokenizers import Tokenizer
+        ck = out / "checkpoint"
+        ck.mkdir(parents=True, exist_ok=True)
+        for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+            if (Path(init) / name).resolve() != (ck / name).resolve():
+                shutil.copyfile(Path(init) / name, ck / name)
+        model = HunYuanVLForConditionalGeneration.from_pretrained(str(init), dtype=torch.float32)
+        return model, special_ids(Tokenizer.from_file(str(ck / "tokenizer.json")))
+    tok = build_tokenizer(build_corpus(600, cfg.tok_seed), cfg.bpe_vocab)
     ids = special_ids(tok)
     q = cfg.head_dim // 8
     text = dict(vocab_size=tok.get_vocab_size(with_added_tokens=True), hidden_size=cfg.hidden,
@@ -145,7 +229,9 @@ def collate(batch, ids: dict, tok, cfg: TrainConfig, device):
     seqs, labels = [], []
     for _, task, target in batch:
         p = prompts.build_prompt_ids(ptoks, n_img, tok.encode(prompts.task_prompt(task)).ids)
-        t = tok.encode(target).ids[: cfg.max_target_tokens] + [ids["eos_token_id"]]
+        t = tok.encode(target).ids
+        # a cut target gets no end token: the model must not learn to stop mid-page
+        t = t[: cfg.max_target_tokens] if len(t) > cfg.max_target_tokens else t + [ids["eos_token_id"]]
         seqs.append(p + t)
         labels.append([-100] * len(p) + t)
     L = max(map(len, seqs))
@@ -195,7 +281,8 @@ def _cuda() -> bool:
 
 
 def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
-          gpu_seconds: float | None = None, budget_s: float | None = None) -> Path:
+          gpu_seconds: float | None = None, budget_s: float | None = None, init: Path | None = None,
+          steps_given: bool = True) -> Path:
     """Train into `out`; returns the checkpoint folder.  See the module doc for the time options."""
     import multiprocessing as mp
 
@@ -204,21 +291,21 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
 
     out.mkdir(parents=True, exist_ok=True)
     state_path, log_path = out / "train_state.pt", out / "train_log.jsonl"
-    model, ids = make_model(cfg, out)
+    model, ids = make_model(cfg, out, init)
     tok = Tokenizer.from_file(str(out / "checkpoint" / "tokenizer.json"))
     model.to(device)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     other = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
-    step, total, trained_s = 0, (None if gpu_seconds else cfg.steps), 0.0
+    step, total, trained_s = 0, (None if gpu_seconds and not steps_given else cfg.steps), 0.0
     if resume and state_path.exists():
         st = torch.load(state_path, map_location=device, weights_only=False)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         step, trained_s = st["step"], st.get("trained_s", 0.0)
-        if gpu_seconds:                 # keep the schedule the first invocation sized; --steps overrides it
-            total = st.get("total_steps")
+        if not steps_given:             # keep the schedule the first invocation sized; --steps overrides it
+            total = st.get("total_steps") or total
         log(f"resumed at step {step}" + (f" of {total}" if total else ""))
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters; batch {cfg.batch}; device {device}")
@@ -230,7 +317,7 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
 
     def submit():                       # keep a few batches rendering ahead of the GPU
         nonlocal next_doc
-        jobs = [(next_doc + k, cfg.data_seed) for k in range(cfg.batch)]
+        jobs = [(next_doc + k, cfg.data_seed, cfg.reading_frac) for k in range(cfg.batch)]
         pending.append(pool.map_async(render, jobs) if pool else [render(j) for j in jobs])
         next_doc += cfg.batch
 
@@ -300,7 +387,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m quantize.train", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--steps", type=int, default=TrainConfig.steps)
+    ap.add_argument("--steps", type=int, help=f"optimizer steps (default {TrainConfig.steps}; on --resume, the "
+                    "first invocation's count)")
+    ap.add_argument("--init", type=Path, help="start from this checkpoint (one this script trained) instead of "
+                    "random weights")
+    ap.add_argument("--reading-frac", type=float, default=TrainConfig.reading_frac,
+                    help="share of random-line reading pages among the training pages")
+    ap.add_argument("--data-seed", type=int, default=TrainConfig.data_seed)
     ap.add_argument("--gpu-seconds", type=float, help="size the run to this much training time (sets --steps)")
     ap.add_argument("--budget-s", type=float, help="stop this invocation after S seconds, state saved")
     ap.add_argument("--eval-images", type=int, default=TrainConfig.eval_images)
@@ -311,14 +404,16 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="very small sizes (tests)")
     args = ap.parse_args(argv)
-    cfg = TrainConfig(steps=args.steps, batch=args.batch, workers=args.workers, eval_every=args.eval_every,
+    cfg = TrainConfig(steps=args.steps or TrainConfig.steps, batch=args.batch, reading_frac=args.reading_frac,
+                      data_seed=args.data_seed, workers=args.workers, eval_every=args.eval_every,
                       eval_images=args.eval_images)
     if args.tiny:
         cfg = TrainConfig(**dict(asdict(cfg), hidden=64, layers=1, heads=2, kv_heads=1, head_dim=32, intermediate=128,
                                  v_hidden=32, v_layers=1, v_heads=2, v_intermediate=64, bpe_vocab=400,
                                  eval_images=1, max_target_tokens=64))
     train(args.out, cfg, args.device, args.resume, log=lambda s: print(s, file=sys.stderr, flush=True),
-          gpu_seconds=args.gpu_seconds, budget_s=args.budget_s)
+          gpu_seconds=args.gpu_seconds, budget_s=args.budget_s, init=args.init,
+          steps_given=args.steps is not None or (not args.gpu_seconds and not args.resume))
     return 0
 
 
