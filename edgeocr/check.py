@@ -71,7 +71,7 @@ def _hyp_text(result, task: str) -> str:
     return result.text
 
 
-def _side(result, task, ref, fields) -> dict:
+def _side(result, task, ref, fields, gold_boxes=None) -> dict:
     hyp = _hyp_text(result, task)
     d = {"text": result.text, "tokens": len(result.token_ids), "finish_reason": result.finish_reason,
          "repetition": result.finish_reason == "repetition",
@@ -82,6 +82,9 @@ def _side(result, task, ref, fields) -> dict:
         d["ned"] = metrics.ned(hyp, ref)
     if fields:
         d["field_accuracy"] = metrics.field_accuracy(result.text, fields)
+    if gold_boxes:
+        sc = metrics.spotting_scores([list(ln.box) for ln in result.lines], gold_boxes)
+        d["box_iou"], d["box_f1"] = sc["mean_iou"], sc["f1"]
     return d
 
 
@@ -95,11 +98,14 @@ def compare_page(ref_runner: Runner, cand_runner: Runner, sample: Sample, task: 
     else:
         t, p = task, None
     ref_text = sample.text if task != FIELDS_TASK else None
+    gold = None
+    if task in prompts.SPOTTING_TASKS and sample.label and sample.label.get("lines"):
+        gold = [ln["box"] for ln in sample.label["lines"] if "box" in ln]
     ra = ref_runner.run(sample.path, t, p, lang, opts)
     rb = cand_runner.run(sample.path, t, p, lang, opts)
     div = metrics.first_divergence(ra.token_ids, rb.token_ids)
-    return {"image": sample.name, "reference": _side(ra, task, ref_text, fields),
-            "candidate": _side(rb, task, ref_text, fields), "exact_match": ra.token_ids == rb.token_ids,
+    return {"image": sample.name, "reference": _side(ra, task, ref_text, fields, gold),
+            "candidate": _side(rb, task, ref_text, fields, gold), "exact_match": ra.token_ids == rb.token_ids,
             "first_divergent_token": div, "pair_ned": metrics.ned(rb.text, ra.text)}
 
 
@@ -113,6 +119,7 @@ def summarize(pages: list[dict]) -> dict:
          "mean_pair_ned": statistics.fmean(p["pair_ned"] for p in pages) if pages else None}
     for side in ("reference", "candidate"):
         s[side] = {"cer": mean("cer", side), "ned": mean("ned", side), "field_accuracy": mean("field_accuracy", side),
+                   "box_iou": mean("box_iou", side), "box_f1": mean("box_f1", side),
                    "repetition_rate": statistics.fmean(p[side]["repetition"] for p in pages) if pages else None,
                    "truncation_rate": statistics.fmean(p[side]["truncated"] for p in pages) if pages else None,
                    "mean_total_ms": statistics.fmean(p[side]["timings_ms"]["total"] for p in pages) if pages else None}
@@ -137,7 +144,7 @@ def write_reports(out: Path, meta: dict, pages: list[dict], summary: dict) -> No
                                                         ensure_ascii=False, indent=2))
     buf = io.StringIO()
     cols = ["image", "exact_match", "first_divergent_token", "pair_ned"]
-    sides = ["cer", "ned", "field_accuracy", "tokens", "finish_reason", "repetition", "truncated"]
+    sides = ["cer", "ned", "field_accuracy", "box_iou", "box_f1", "tokens", "finish_reason", "repetition", "truncated"]
     w = csv.writer(buf)
     w.writerow(cols + [f"{s}_{k}" for s in ("reference", "candidate") for k in sides]
                + ["reference_total_ms", "candidate_total_ms"])
@@ -157,6 +164,8 @@ def format_summary(s: dict, ref_label: str, cand_label: str) -> str:
             ("CER", f(s["reference"]["cer"], True), f(s["candidate"]["cer"], True)),
             ("NED", f(s["reference"]["ned"], True), f(s["candidate"]["ned"], True)),
             ("field accuracy", f(s["reference"]["field_accuracy"], True), f(s["candidate"]["field_accuracy"], True)),
+            ("box IoU (spotting)", f(s["reference"].get("box_iou"), True), f(s["candidate"].get("box_iou"), True)),
+            ("box F1@0.5", f(s["reference"].get("box_f1"), True), f(s["candidate"].get("box_f1"), True)),
             ("repetition", f(s["reference"]["repetition_rate"], True), f(s["candidate"]["repetition_rate"], True)),
             ("truncated", f(s["reference"]["truncation_rate"], True), f(s["candidate"]["truncation_rate"], True)),
             ("mean latency (ms)", f(s["reference"]["mean_total_ms"]), f(s["candidate"]["mean_total_ms"]))]

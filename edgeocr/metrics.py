@@ -74,3 +74,39 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def box_iou(a, b) -> float:
+    """Intersection over union of two [x1, y1, x2, y2] boxes."""
+    iw = min(a[2], b[2]) - max(a[0], b[0])
+    ih = min(a[3], b[3]) - max(a[1], b[1])
+    if iw <= 0 or ih <= 0:
+        return 0.0
+    inter = iw * ih
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def spotting_scores(pred: list, gold: list, thresh: float = 0.5) -> dict:
+    """Boxes of predicted vs labelled lines, matched one to one by highest IoU first.
+
+    `pred` and `gold` are [x1, y1, x2, y2] lists in the same pixel frame.  Returns mean_iou (over the
+    labelled lines, unmatched ones count 0) and precision / recall / f1 of matches with IoU >= thresh.
+    """
+    if not gold:
+        return {"mean_iou": None, "precision": None, "recall": None, "f1": None}
+    pairs = sorted(((box_iou(p, g), i, j) for i, p in enumerate(pred) for j, g in enumerate(gold)), reverse=True)
+    used_p, used_g, ious = set(), set(), {}
+    for iou, i, j in pairs:
+        if iou <= 0:
+            break
+        if i in used_p or j in used_g:
+            continue
+        used_p.add(i)
+        used_g.add(j)
+        ious[j] = iou
+    hits = sum(1 for v in ious.values() if v >= thresh)
+    prec = hits / len(pred) if pred else 0.0
+    rec = hits / len(gold)
+    return {"mean_iou": sum(ious.values()) / len(gold), "precision": prec, "recall": rec,
+            "f1": 2 * prec * rec / (prec + rec) if prec + rec else 0.0}

@@ -1,6 +1,7 @@
 """`python -m quantize`: the offline toolchain (needs the [export] extra: torch, transformers, onnx).
 
     python -m quantize export CHECKPOINT OUT [--precision fp32|fp16] [--max-cache-len N] [--rope-layout A|B]
+                                            [--attention masked|gqa]
     python -m quantize tiny OUT [--config tiny-a|tiny-b] [--seed N]
 """
 
@@ -33,7 +34,7 @@ def _build(args) -> None:
 
     t0 = time.perf_counter()
     common = dict(max_cache_len=args.max_cache_len, max_prefill_len=args.max_prefill_len,
-                  rope_layout=args.rope_layout, device=args.device)
+                  rope_layout=args.rope_layout, device=args.device, attention=args.attention)
     if args.precision in ("fp16", "fp32"):
         m = export(args.checkpoint, args.out, ExportOptions(precision=args.precision, **common), progress=_progress)
     else:
@@ -64,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--rope-layout", choices=["A", "B"], default="B",
                    help="XD-RoPE layout: B = transformers >= 5.13 (default), A = vLLM / Tencent training code")
     e.add_argument("--device", default="cpu", help="torch device used for tracing (cuda speeds up big models)")
+    e.add_argument("--attention", choices=["masked", "gqa"], default="masked",
+                   help="decoder attention: masked = portable ONNX ops, new K/V rows out (any runtime, TensorRT); "
+                        "gqa = ONNX Runtime GroupQueryAttention, cache updated in place, reads the live length only")
     b = sub.add_parser("build", help="checkpoint -> FP16 artifact, or checkpoint + calibration images -> INT8 artifact")
     b.add_argument("checkpoint", type=Path)
     b.add_argument("out", type=Path)
@@ -77,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--max-prefill-len", type=int, default=2048)
     b.add_argument("--rope-layout", choices=["A", "B"], default="B")
     b.add_argument("--device", default="cpu", help="torch device used for tracing")
+    b.add_argument("--attention", choices=["masked", "gqa"], default="masked",
+                   help="decoder attention: masked = portable ONNX ops, new K/V rows out (any runtime, TensorRT); "
+                        "gqa = ONNX Runtime GroupQueryAttention, cache updated in place, reads the live length only")
     t = sub.add_parser("tiny", help="make a tiny random-weight HunyuanVL checkpoint (tests, demos)")
     t.add_argument("out", type=Path)
     t.add_argument("--config", choices=["tiny-a", "tiny-b"], default="tiny-a")
@@ -89,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             from quantize.export import ExportOptions, export
             m = export(args.checkpoint, args.out, ExportOptions(
                 max_cache_len=args.max_cache_len, max_prefill_len=args.max_prefill_len,
-                rope_layout=args.rope_layout, precision=args.precision, device=args.device), progress=_progress)
+                rope_layout=args.rope_layout, precision=args.precision, device=args.device,
+                attention=args.attention), progress=_progress)
             for name, info in sorted(m.files.items()):
                 print(f"{info['bytes'] / 2**20:10.2f} MiB  {name}")
             print(f"{sum(i['bytes'] for i in m.files.values()) / 2**20:10.2f} MiB  total -> {args.out}")

@@ -37,6 +37,9 @@ class ExportOptions:
     precision: str = "fp32"                      # "fp32" or "fp16" (weights and activations; norms/softmax/RoPE fp32)
     pad_value: int = preprocess.PAD_VALUE        # letterbox fill, 0..255 (white for documents)
     device: str = "cpu"                          # where torch traces the graphs ("cuda" is much faster for big models)
+    # decoder attention: "masked" = portable ONNX ops over the whole cache, new K/V rows out (any runtime,
+    # TensorRT); "gqa" = ONNX Runtime's GroupQueryAttention, cache updated in place, live length only
+    attention: str = "masked"
 
 
 def _torch_dtype(precision: str):
@@ -115,6 +118,8 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
     ckpt, out = Path(ckpt), Path(out)
     if opts.rope_layout not in ("A", "B"):
         raise ValueError(f"rope_layout must be 'A' or 'B', not {opts.rope_layout!r}")
+    if opts.attention not in ("masked", "gqa"):
+        raise ValueError(f"attention must be 'masked' or 'gqa', not {opts.attention!r}")
     if opts.max_prefill_len > opts.max_cache_len:
         raise ValueError("max_prefill_len cannot exceed max_cache_len")
     dtype = _torch_dtype(opts.precision)
@@ -134,18 +139,24 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
     del ve
 
     say(f"exporting decoder graph: {t.num_layers} layers, KV cache {opts.max_cache_len} tokens")
-    dec = Decoder(spec, w, opts.max_cache_len, dtype).eval()
+    dec = Decoder(spec, w, opts.max_cache_len, dtype, attention=opts.attention).eval()
     L, kvh, d = t.num_layers, t.num_kv_heads, t.head_dim
     ex_s = 3
     past = [torch.zeros(1, kvh, opts.max_cache_len, d, dtype=dtype) for _ in range(2 * L)]
-    args = (torch.zeros(1, ex_s, dtype=torch.int64), torch.zeros(n_img, t.hidden_size),
-            torch.zeros(1, ex_s, d), torch.zeros(1, ex_s, d), torch.zeros(1, dtype=torch.int64), *past)
     past_names = [f"past_key_{i}" for i in range(L)] + [f"past_value_{i}" for i in range(L)]
-    new_names = [f"new_key_{i}" for i in range(L)] + [f"new_value_{i}" for i in range(L)]
     dyn = {"input_ids": {1: "seq"}, "cos": {1: "seq"}, "sin": {1: "seq"}, "image_embeds": {0: "n_image"}}
-    dyn.update({n: {2: "seq"} for n in new_names})
-    _export(dec, args, out / "decoder.onnx", ["input_ids", "image_embeds", "cos", "sin", "past_len", *past_names],
-            ["logits", *new_names], dyn, opts.device)
+    common = (torch.zeros(1, ex_s, dtype=torch.int64), torch.zeros(n_img, t.hidden_size),
+              torch.zeros(1, ex_s, d), torch.zeros(1, ex_s, d))
+    if opts.attention == "gqa":
+        args = (*common, torch.full((1,), ex_s - 1, dtype=torch.int32), torch.tensor(ex_s, dtype=torch.int32), *past)
+        in_names = ["input_ids", "image_embeds", "cos", "sin", "seqlens_k", "total_sequence_length", *past_names]
+        out_names = [f"present_key_{i}" for i in range(L)] + [f"present_value_{i}" for i in range(L)]
+    else:
+        args = (*common, torch.zeros(1, dtype=torch.int64), *past)
+        in_names = ["input_ids", "image_embeds", "cos", "sin", "past_len", *past_names]
+        out_names = [f"new_key_{i}" for i in range(L)] + [f"new_value_{i}" for i in range(L)]
+        dyn.update({n: {2: "seq"} for n in out_names})
+    _export(dec, args, out / "decoder.onnx", in_names, ["logits", *out_names], dyn, opts.device)
     del dec, w
 
     shutil.copyfile(ckpt / "tokenizer.json", out / "tokenizer.json")
@@ -161,9 +172,10 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
         model=spec.to_dict(),
         graphs={"vision": {"file": "vision.onnx", **_io(out / "vision.onnx")},
                 "decoder": {"file": "decoder.onnx", **_io(out / "decoder.onnx"),
-                            "max_prefill_len": opts.max_prefill_len}},
+                            "max_prefill_len": opts.max_prefill_len, "attention": opts.attention}},
         kv_cache={"layers": L, "kv_heads": kvh, "head_dim": d, "max_len": opts.max_cache_len,
                   "layout": "per-layer [1, kv_heads, max_len, head_dim]", "dtype": kv_dtype,
+                  "update": "in-place (present_* bound to past_*)" if opts.attention == "gqa" else "new rows out",
                   "bytes_per_token": 2 * L * kvh * d * (2 if kv_dtype == "float16" else 4)},
         rope={"layout": opts.rope_layout, "theta": t.rope_theta, "alpha": t.rope_alpha,
               "sections": list(t.rope_sections), "head_dim": d},

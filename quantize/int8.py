@@ -176,7 +176,12 @@ def capture(fp32_artifact: Path, images: list[Path], decode_tokens: int,
         sin = np.concatenate([sin_p, model.table_sin[pos]])
         vis.append({"pixels": model.prepare(p).pixels})
         sample = {"input_ids": seq[None], "image_embeds": emb, "cos": cos[None].astype(np.float32),
-                  "sin": sin[None].astype(np.float32), "past_len": np.zeros((1,), np.int64)}
+                  "sin": sin[None].astype(np.float32)}
+        if m.graphs["decoder"].get("attention", "masked") == "gqa":
+            sample["seqlens_k"] = np.array([len(seq) - 1], np.int32)
+            sample["total_sequence_length"] = np.array(len(seq), np.int32)
+        else:
+            sample["past_len"] = np.zeros((1,), np.int64)
         for layer in range(kv["layers"]):
             sample[f"past_key_{layer}"] = zeros
             sample[f"past_value_{layer}"] = zeros
@@ -247,7 +252,7 @@ def quantize_graph(fp32_path: Path, kind: str, calib: list[dict], holdout: list[
     eligible, excluded = eligible_and_excluded(model, kind)
     adv = AdvancedQuantizationParameters(
         smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=0.95 if opts.smooth_quant else -1),
-        backend_params={BackendParameters.EXTERNAL_DATA_DIR: str(fp32_path.parent)})
+        backend_params={BackendParameters.EXTERNAL_DATA_DIR: str(fp32_path.parent.resolve())})
     common = dict(preset=nncf.QuantizationPreset.PERFORMANCE, model_type=nncf.ModelType.TRANSFORMER,
                   subset_size=len(calib), ignored_scope=nncf.IgnoredScope(names=sorted(excluded), validate=False),
                   advanced_parameters=adv)

@@ -25,6 +25,46 @@ from quantize.checkpoint import ModelSpec
 NEG_INF = -1.0e9   # additive mask value; scores are float32
 
 
+class GroupQueryAttention(torch.autograd.Function):
+    """ONNX Runtime's com.microsoft GroupQueryAttention over a static, shared KV buffer (attention="gqa").
+
+    Exported as one node per layer: it writes this step's K/V rows into the cache in place (the runtime
+    binds each layer's past and present outputs to the same buffer) and attends over the live length
+    only (`seqlens_k` = total length - 1), so a decode step neither copies nor reads the unused cache.
+    The eager forward is the same computation in torch, used for tracing and for tests.
+    q: [1, S, H*D] (RoPE and QK-norm applied); k, v: [1, S, KVH*D]; caches [1, KVH, MAX, D].
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, num_heads: int, kv_heads: int):
+        if torch.jit.is_tracing():          # exported through symbolic(); only the shapes matter here
+            return torch.zeros_like(q), past_k.clone(), past_v.clone()
+        s, d = q.shape[1], past_k.shape[-1]
+        g = num_heads // kv_heads
+        total = int(seqlens_k.reshape(-1)[0]) + 1
+        start = total - s
+        pk, pv = past_k.clone(), past_v.clone()
+        pk[:, :, start:total] = k.reshape(1, s, kv_heads, d).transpose(1, 2)
+        pv[:, :, start:total] = v.reshape(1, s, kv_heads, d).transpose(1, 2)
+        qh = q.reshape(1, s, kv_heads, g, d).permute(0, 2, 3, 1, 4)                         # [1, KVH, G, S, D]
+        kk, vv = pk[:, :, :total].unsqueeze(2), pv[:, :, :total].unsqueeze(2)
+        sc = torch.matmul(qh, kk.transpose(-1, -2)).float() / math.sqrt(d)                 # [1, KVH, G, S, T]
+        rows = torch.arange(s, device=q.device).reshape(s, 1) + start
+        cols = torch.arange(total, device=q.device).reshape(1, total)
+        sc = sc + torch.where(cols <= rows, 0.0, NEG_INF)
+        o = torch.matmul(torch.softmax(sc, dim=-1).to(q.dtype), vv)
+        return o.permute(0, 3, 1, 2, 4).reshape(1, s, num_heads * d), pk, pv
+
+    @staticmethod
+    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, num_heads, kv_heads):
+        o, pk, pv = g.op("com.microsoft::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k, total_len,
+                         num_heads_i=num_heads, kv_num_heads_i=kv_heads, outputs=3)
+        o.setType(q.type())
+        pk.setType(past_k.type())
+        pv.setType(past_v.type())
+        return o, pk, pv
+
+
 def _p(a: np.ndarray, dtype) -> nn.Parameter:
     return nn.Parameter(torch.from_numpy(np.ascontiguousarray(a)).to(dtype), requires_grad=False)
 
@@ -120,10 +160,13 @@ class VisionEncoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], max_len: int, dtype=torch.float32):
+    def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], max_len: int, dtype=torch.float32,
+                 attention: str = "masked"):
         super().__init__()
         t = spec.text
-        self.t, self.max_len = t, max_len
+        if attention not in ("masked", "gqa"):
+            raise ValueError(f"attention must be 'masked' or 'gqa', not {attention!r}")
+        self.t, self.max_len, self.attention = t, max_len, attention
         self.g = t.num_heads // t.num_kv_heads
         self.image_token = spec.tokens.image
         self.embed = _p(w["model.embed_tokens.weight"], dtype)
@@ -147,9 +190,55 @@ class Decoder(nn.Module):
         rot = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
         return (xf * cos + rot * sin).to(x.dtype)
 
+    def _embed(self, input_ids, image_embeds):
+        text = F.embedding(input_ids, self.embed)                                         # [1, S, H]
+        is_img = input_ids == self.image_token
+        idx = torch.clamp(torch.cumsum(is_img.to(torch.int64), dim=1) - 1, min=0)
+        last_row = torch.ones_like(image_embeds[:, 0], dtype=torch.int64).sum() - 1          # N - 1, traced
+        idx = torch.minimum(idx, last_row)
+        img = F.embedding(idx, image_embeds.to(self.embed.dtype))
+        return torch.where(is_img.unsqueeze(-1), img, text)
+
+    def _mlp_and_head(self, m, x):
+        h = rms_norm(x, m.ln2, self.t.rms_norm_eps)
+        return x + F.linear(F.silu(F.linear(h, m.gate)) * F.linear(h, m.up), m.down)
+
+    def _logits(self, x):
+        last = rms_norm(x[:, -1, :], self.norm, self.t.rms_norm_eps)                      # [1, H]
+        # W [V, H] @ last^T [H, 1]: uses the (tied) weight as stored, so the exporter does not fold a
+        # transposed copy of the embedding into the graph
+        logits = torch.matmul(self.lm_head, last.transpose(0, 1)).transpose(0, 1)         # [1, V]
+        return logits.float() if logits.dtype != torch.float32 else logits   # no no-op output Cast (NNCF)
+
+    def _forward_gqa(self, input_ids, image_embeds, cos, sin, seqlens_k, total_len, *past):
+        t = self.t
+        L, s = t.num_layers, input_ids.shape[1]
+        kvh, d = t.num_kv_heads, t.head_dim
+        x = self._embed(input_ids, image_embeds)
+        cos_q, sin_q = cos.reshape(1, s, 1, d), sin.reshape(1, s, 1, d)
+        keys, values = [], []
+        for i, m in enumerate(self.layers):
+            h = rms_norm(x, m.ln1, t.rms_norm_eps)
+            q = F.linear(h, m.q).reshape(1, s, t.num_heads, d)
+            k = F.linear(h, m.k).reshape(1, s, kvh, d)
+            v = F.linear(h, m.v)
+            q = rms_norm(self._rope(q, cos_q, sin_q), m.qn, t.rms_norm_eps).reshape(1, s, t.num_heads * d)
+            k = rms_norm(self._rope(k, cos_q, sin_q), m.kn, t.rms_norm_eps).reshape(1, s, kvh * d)
+            o, pk, pv = GroupQueryAttention.apply(q, k, v, past[i], past[L + i], seqlens_k, total_len,
+                                                  t.num_heads, kvh)
+            keys.append(pk)
+            values.append(pv)
+            x = self._mlp_and_head(m, x + F.linear(o, m.o))
+        return (self._logits(x), *keys, *values)
+
     def forward(self, input_ids, image_embeds, cos, sin, past_len, *past):
-        # input_ids: [1, S] int64; image_embeds: [N, H]; cos/sin: [1, S, D] float32; past_len: [1] int64
+        # input_ids: [1, S] int64; image_embeds: [N, H]; cos/sin: [1, S, D] float32
+        # masked: past_len [1] int64; returns logits and the new K/V rows
+        # gqa: past_len is seqlens_k [1] int32 (= total - 1), followed by total_sequence_length (int32
+        #      scalar); returns logits and the updated caches (bound in place by the runtime)
         # past: L x past_key [1, KVH, MAX, D], then L x past_value [1, KVH, MAX, D]
+        if self.attention == "gqa":
+            return self._forward_gqa(input_ids, image_embeds, cos, sin, past_len, past[0], *past[1:])
         t, dt = self.t, self.embed.dtype
         L = t.num_layers
         s = input_ids.shape[1]

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: build the default checkpoint, export it to an ONNX artifact,
-# and read the shipped eval documents with the torch-free runtime.
+# The main job on the embedded default: export the shipped demo model (demo_model/, a 5.9M-parameter
+# HunyuanVL trained here on synthetic business documents) to ONNX, build its INT8 artifact from the
+# calibration images, and read held-out eval documents with the torch-free runtime.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PY=.venv/bin/python
 mkdir -p build
-[ -f build/default-ckpt/config.json ] || $PY -m quantize tiny build/default-ckpt --config tiny-a --seed 1
-[ -f build/default/manifest.json ] || $PY -m quantize export build/default-ckpt build/default --max-cache-len 1536 --max-prefill-len 1400
-.venv/bin/edgeocr run calibration_data/eval/000000.jpg calibration_data/eval/000001.jpg calibration_data/eval/000002.jpg \
-    --model build/default --task spotting --max-new-tokens 32
+[ -f build/demo-fp32/manifest.json ] || $PY -m quantize export demo_model build/demo-fp32 --max-cache-len 2048 --max-prefill-len 1280
+[ -f build/demo-int8/manifest.json ] || $PY -m quantize build demo_model build/demo-int8 --precision int8 \
+    --calib calibration_data/calib --max-cache-len 2048 --max-prefill-len 1280
+for img in 000000 000002 000003; do
+  echo "== calibration_data/eval/$img.jpg (INT8) =="
+  .venv/bin/edgeocr run calibration_data/eval/$img.jpg --model build/demo-int8 --task structured_parse
+done

@@ -41,6 +41,13 @@ def art_b(ckpt_b, tmp_path_factory):
     return _export(ckpt_b, tmp_path_factory.mktemp("art") / "tiny-b")
 
 
+@pytest.fixture(scope="session")
+def gqa_arts(ckpt_a, ckpt_b, tmp_path_factory):
+    """Both tiny configs exported with attention="gqa" (ONNX Runtime GroupQueryAttention, in-place cache)."""
+    root = tmp_path_factory.mktemp("art-gqa")
+    return {"a": _export(ckpt_a, root / "tiny-a", attention="gqa"), "b": _export(ckpt_b, root / "tiny-b", attention="gqa")}
+
+
 @pytest.fixture(scope="session", params=["a", "b"])
 def pair(request, ckpt_a, ckpt_b, art_a, art_b):
     """(checkpoint, artifact) for both tiny configs."""

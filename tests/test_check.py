@@ -27,6 +27,21 @@ def test_metrics_hand_made():
     assert metrics.first_divergence([1, 2], [1, 2, 3]) == 2
 
 
+def test_spotting_box_scores_hand_made():
+    assert metrics.box_iou([0, 0, 10, 10], [0, 0, 10, 10]) == 1.0
+    assert metrics.box_iou([0, 0, 10, 10], [5, 0, 15, 10]) == pytest.approx(50 / 150)
+    assert metrics.box_iou([0, 0, 10, 10], [20, 20, 30, 30]) == 0.0
+    gold = [[0, 0, 100, 20], [0, 30, 100, 50]]
+    # one exact hit, one box half off (IoU 1/3), one spurious prediction: matched one to one
+    pred = [[0, 30, 100, 50], [50, 0, 150, 20], [300, 300, 310, 310]]
+    sc = metrics.spotting_scores(pred, gold)
+    assert sc["mean_iou"] == pytest.approx((1 + 1 / 3) / 2)
+    assert sc["recall"] == 0.5 and sc["precision"] == pytest.approx(1 / 3) and sc["f1"] == pytest.approx(0.4)
+    assert metrics.spotting_scores([], gold) == {"mean_iou": 0.0, "precision": 0.0, "recall": 0.0, "f1": 0.0}
+    # a duplicate of the same box cannot match twice
+    assert metrics.spotting_scores([[0, 0, 100, 20]] * 2, gold[:1])["precision"] == 0.5
+
+
 def _page(name, match, cer_r, cer_c):
     side = lambda c: {"cer": c, "ned": c, "repetition": False, "truncated": False, "timings_ms": {"total": 10.0}}
     return {"image": name, "exact_match": match, "first_divergent_token": None if match else 3, "pair_ned": 0.0,

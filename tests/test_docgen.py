@@ -160,3 +160,37 @@ def test_cli_reports_fonts_and_speed(tmp_path):
     p = subprocess.run([sys.executable, "-m", "quantize.docgen", "--out", str(tmp_path / "o"), "--kinds", "poster"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "unknown kind" in p.stderr
+
+
+def test_subset_fonts_render_like_the_originals(tmp_path, monkeypatch):
+    """--subset-fonts: each written face renders the generator's characters exactly like the original
+    (checked inside, and again here on a sample line), and is found through EDGEOCR_FONT_DIR alone."""
+    import quantize.docgen.fonts as F
+
+    full = F.discover()
+    pick = [f for f in full.faces if f.name in ("WenQuanYi Micro Hei", "Liberation Sans", "AR PL UMing CN")]
+    assert len(pick) >= 2, full.report()
+    written = F.subset_fonts(str(tmp_path), F.FontSet(tuple(pick), ()))
+    by_name = {n: cut for n, _, cut in written}
+    assert by_name["wqy-microhei.face0.otf"] and by_name["LiberationSans-Regular.face0.otf"]
+    assert sum(s for _, s, cut in written if cut) < 400_000          # subsets, not the 5 MB collection
+    text = "发票号码：30506015 合计¥179822.62 TRACKING #: 1Z197185908249"
+    for face in pick:
+        if face.name == "AR PL UMing CN":
+            continue
+        sub = str(tmp_path / F.face_file(dict((n, r) for n, r, *_ in F.CATALOG)[face.name], face.index))
+        a = Image.new("L", (900, 40), 255)
+        b = Image.new("L", (900, 40), 255)
+        from PIL import ImageDraw, ImageFont
+        ImageDraw.Draw(a).text((2, 2), text, font=ImageFont.truetype(face.path, 20, index=face.index), fill=0)
+        ImageDraw.Draw(b).text((2, 2), text, font=ImageFont.truetype(sub, 20), fill=0)
+        assert a.tobytes() == b.tobytes(), face.name
+    # found through the flat folder alone, under the catalog's names
+    monkeypatch.setattr(F, "FONT_DIRS", ())
+    monkeypatch.setenv(F.FONT_DIR_ENV, str(tmp_path))
+    F.discover.cache_clear()
+    try:
+        found = {f.name for f in F.discover().faces}
+    finally:
+        F.discover.cache_clear()
+    assert {f.name for f in pick} <= found

@@ -129,3 +129,9 @@ def test_cache_full_is_reported(art_a, tmp_path):
                         options=DecodeOptions(max_new_tokens=5000, ignore_stop=True, tail_repetition_stop=False))
     assert r.finish_reason == "cache_full"
     assert r.prompt_tokens + r.generated_tokens == model.session.max_len + 1
+
+
+def test_gqa_fp32_on_cuda_is_refused_with_the_fix(gqa_arts):
+    from edgeocr.errors import BackendError
+    with pytest.raises(BackendError, match="--precision fp16"):
+        OCRModel(gqa_arts["a"], device="cuda")

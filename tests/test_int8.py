@@ -3,6 +3,8 @@ runnable in ONNX Runtime; the manifest records what stayed floating point and wh
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -22,9 +24,16 @@ def art8(art_a, tmp_path_factory):
     import os
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
-    out = tmp_path_factory.mktemp("int8") / "tiny-a-int8"
-    build_int8(art_a, root / CALIB, out, Int8Options(calib_images=6, holdout_images=2, decode_tokens=6))
-    return out
+    work = tmp_path_factory.mktemp("int8")
+    # relative paths, as users type them (NNCF itself insists on an absolute external-data folder)
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        build_int8(Path(os.path.relpath(art_a, work)), Path(os.path.relpath(root / CALIB, work)), Path("tiny-a-int8"),
+                   Int8Options(calib_images=6, holdout_images=2, decode_tokens=6))
+    finally:
+        os.chdir(cwd)
+    return work / "tiny-a-int8"
 
 
 def _model(path):
@@ -86,3 +95,22 @@ def test_int8_runs_in_onnxruntime_and_stays_close(art_a, art8):
     assert r.generated_tokens == 12 and r.finish_reason in ("length", "stop")
     sizes = lambda d: sum(p.stat().st_size for p in d.iterdir() if p.suffix == ".data")
     assert sizes(art8) < 0.75 * sizes(art_a)
+
+
+def test_int8_of_the_gqa_flavour(gqa_arts, tmp_path):
+    """The GroupQueryAttention decoder calibrates too (its capture feeds seqlens_k/total_sequence_length):
+    Q/DQ on the projections around the contrib op, runs in place in ONNX Runtime, stays close."""
+    out = tmp_path / "gqa-int8"
+    root = Path(__file__).resolve().parents[1]
+    m = build_int8(gqa_arts["a"], root / CALIB, out, Int8Options(calib_images=4, holdout_images=2, decode_tokens=6))
+    assert m.graphs["decoder"]["attention"] == "gqa"
+    dec = _model(out / "decoder.onnx")
+    ops = [n.op_type for n in dec.graph.node]
+    assert ops.count("GroupQueryAttention") == 2 and ops.count("DequantizeLinear") > 10
+    fp, q = OCRModel(gqa_arts["a"]), OCRModel(out)
+    img = make_image(22)
+    from test_parity import run_recorded
+    _, lf = run_recorded(fp, img, task="spotting", n=1)
+    r, lq = run_recorded(q, img, task="spotting", n=1)
+    c = float((lf[0] * lq[0]).sum() / (np.linalg.norm(lf[0]) * np.linalg.norm(lq[0])))
+    assert c > 0.8, c

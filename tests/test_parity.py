@@ -107,6 +107,29 @@ def test_logits_teacher_forced_and_tokens_match(pair, models, seed):
     assert res.token_ids == gen
 
 
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_gqa_flavour_matches_reference_in_place(which, ckpt_a, ckpt_b, gqa_arts):
+    """attention="gqa" (GroupQueryAttention, present_* bound onto past_*): same logits at every step and
+    the same tokens as transformers; the cache rows are written by the graph itself (the host copies none)."""
+    ckpt = ckpt_a if which == "a" else ckpt_b
+    model = OCRModel(gqa_arts[which])
+    assert model.manifest.graphs["decoder"]["attention"] == "gqa" and model.session.inplace
+    image = make_image(4, (700, 520))
+    res, ours = run_recorded(model, image, task="spotting")
+    pixels, ids = runtime_inputs(model, image, task="spotting")
+    hf = ref.load(ckpt)
+    seq = np.concatenate([ids, np.asarray(res.token_ids[:-1], np.int64)])
+    theirs = ref.logits(hf, pixels, seq)[len(ids) - 1:]
+    err = np.abs(ours - theirs).max(axis=1)
+    assert err.max() < LOGIT_TOL, f"per-step max |Δlogit| {err}"
+    assert res.token_ids == ref.generate(hf, pixels, ids, N_STEPS, model.stop_ids,
+                                         model.manifest.decode["repetition_penalty"])
+    # the graph filled exactly prompt + generated - 1 rows of every layer's cache, in place
+    filled = len(ids) + len(res.token_ids) - 1
+    k0 = model.session.k[0]
+    assert np.abs(k0[:, :, :filled]).sum(axis=(0, 1, 3)).min() > 0 and not k0[:, :, filled:].any()
+
+
 @pytest.mark.parametrize("task,lang", [(t, "zh") for t in prompts.task_names()]
                          + [(t, "en") for t in sorted(prompts.TASKS_EN)])
 def test_every_task_prompt_matches_generate(ckpt_a, models, task, lang):

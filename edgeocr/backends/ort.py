@@ -1,9 +1,13 @@
 """ONNX Runtime session: CPU, or CUDA with everything device-resident.
 
-KV buffers are allocated once at load and bound by address; each step the decoder reads them as
-read-only inputs and returns only the new rows ([1, KVH, S, D] per layer), which are copied into the
-buffers at `pos` (CPU: a numpy slice assignment; CUDA: one cudaMemcpy2DAsync per tensor).  Nothing is
-concatenated or copied cache-wide per step.
+KV buffers are allocated once at load and bound by address.  Two decoder graph flavours:
+- attention "masked" (portable): the decoder reads the buffers as read-only inputs and returns only the
+  new rows ([1, KVH, S, D] per layer), which are copied into the buffers at `pos` (CPU: a numpy slice
+  assignment; CUDA: one cudaMemcpy2DAsync per tensor).
+- attention "gqa" (ONNX Runtime's GroupQueryAttention): each layer's `present_*` output is bound to the
+  same buffer as its `past_*` input, so the graph writes the new rows in place and attends over the live
+  length only; nothing is copied by the host at all.
+Either way nothing is concatenated or copied cache-wide per step.
 """
 
 from __future__ import annotations
@@ -49,6 +53,11 @@ class OrtSession:
         self.vocab_size = m.model["text"]["vocab_size"]
         self.hidden = m.model["text"]["hidden_size"]
         self.kv_dtype = _NP[kv["dtype"]]
+        self.inplace = m.graphs["decoder"].get("attention", "masked") == "gqa"
+        if self.inplace and device == "cuda" and m.precision == "fp32":
+            raise BackendError("this artifact's decoder uses GroupQueryAttention, which ONNX Runtime's CUDA "
+                               "provider runs in fp16/bf16 only: export it with --precision fp16 for CUDA, "
+                               "or with --attention masked, or run it on the CPU")
         if device == "cpu":
             providers = ["CPUExecutionProvider"]
         elif device == "cuda":
@@ -86,18 +95,29 @@ class OrtSession:
         self.k = [np.zeros(shape, self.kv_dtype) for _ in range(self.layers)]
         self.v = [np.zeros(shape, self.kv_dtype) for _ in range(self.layers)]
         self.binding = self.decoder.io_binding()
-        for i in range(self.layers):
-            self.binding.bind_ortvalue_input(f"past_key_{i}", ort.OrtValue.ortvalue_from_numpy(self.k[i]))
-            self.binding.bind_ortvalue_input(f"past_value_{i}", ort.OrtValue.ortvalue_from_numpy(self.v[i]))
+        self.kv_values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.k + self.v]
+        self._bind_caches()
         # decode-step buffers, allocated once
         self.step_ids = np.zeros((1, 1), np.int64)            # [1, 1]
         self.step_cos = np.zeros((1, 1, self.hd), np.float32)  # [1, 1, D]
         self.step_sin = np.zeros((1, 1, self.hd), np.float32)
-        self.past_len = np.zeros((1,), np.int64)               # [1]
+        self.past_len = np.zeros((1,), np.int64)               # [1]  (masked)
+        self.seqlens_k = np.zeros((1,), np.int32)              # [1]  (gqa: total length - 1)
+        self.total_len = np.zeros((), np.int32)                # []   (gqa: total length)
         self.no_image = np.zeros((1, self.hidden), np.float32)  # [1, H] placeholder during decode
         self.step_logits = np.zeros((1, self.vocab_size), np.float32)
         self.step_new = [np.zeros((1, self.kvh, 1, self.hd), self.kv_dtype) for _ in range(2 * self.layers)]
         self.image_embeds = None
+
+    def _bind_caches(self) -> None:
+        """past_* inputs (and, in place, present_* outputs for gqa) -> the preallocated buffers."""
+        b = self.binding
+        for i in range(self.layers):
+            b.bind_ortvalue_input(f"past_key_{i}", self.kv_values[i])
+            b.bind_ortvalue_input(f"past_value_{i}", self.kv_values[self.layers + i])
+            if self.inplace:
+                b.bind_ortvalue_output(f"present_key_{i}", self.kv_values[i])
+                b.bind_ortvalue_output(f"present_value_{i}", self.kv_values[self.layers + i])
 
     def _bind_common(self, ids, embeds, cos, sin) -> None:
         ort, b = self._ort, self.binding
@@ -105,7 +125,11 @@ class OrtSession:
         b.bind_ortvalue_input("image_embeds", ort.OrtValue.ortvalue_from_numpy(embeds))
         b.bind_ortvalue_input("cos", ort.OrtValue.ortvalue_from_numpy(cos))
         b.bind_ortvalue_input("sin", ort.OrtValue.ortvalue_from_numpy(sin))
-        b.bind_ortvalue_input("past_len", ort.OrtValue.ortvalue_from_numpy(self.past_len))
+        if self.inplace:
+            b.bind_ortvalue_input("seqlens_k", ort.OrtValue.ortvalue_from_numpy(self.seqlens_k))
+            b.bind_ortvalue_input("total_sequence_length", ort.OrtValue.ortvalue_from_numpy(self.total_len))
+        else:
+            b.bind_ortvalue_input("past_len", ort.OrtValue.ortvalue_from_numpy(self.past_len))
 
     def encode_image(self, pixels: np.ndarray) -> np.ndarray:
         out = self.vision.run(["image_embeds"], {"pixels": np.ascontiguousarray(pixels, np.float32)})[0]
@@ -119,31 +143,41 @@ class OrtSession:
             return self._prefill_cuda(input_ids, cos, sin)
         s = int(input_ids.shape[0])
         embeds = self.image_embeds if self.image_embeds is not None else self.no_image
-        self.past_len[0] = 0
+        self.past_len[0], self.seqlens_k[0], self.total_len[...] = 0, s - 1, s
         self._bind_common(np.ascontiguousarray(input_ids.reshape(1, s), np.int64), embeds,
                           np.ascontiguousarray(cos[None], np.float32), np.ascontiguousarray(sin[None], np.float32))
         b = self.binding
         b.clear_binding_outputs()
-        for name in self._out_names():
-            b.bind_output(name, "cpu")
+        if self.inplace:
+            self._bind_caches()
+            b.bind_output("logits", "cpu")
+        else:
+            for name in self._out_names():
+                b.bind_output(name, "cpu")
         self.decoder.run_with_iobinding(b)
         outs = b.get_outputs()
-        for i in range(self.layers):
-            self.k[i][:, :, :s] = outs[1 + i].numpy()
-            self.v[i][:, :, :s] = outs[1 + self.layers + i].numpy()
+        if not self.inplace:
+            for i in range(self.layers):
+                self.k[i][:, :, :s] = outs[1 + i].numpy()
+                self.v[i][:, :, :s] = outs[1 + self.layers + i].numpy()
+        logits = outs[-1 if self.inplace else 0].numpy()[0]
         self._bind_step_outputs()
-        return outs[0].numpy()[0]
+        return logits
 
     def _out_names(self) -> list[str]:
-        return (["logits"] + [f"new_key_{i}" for i in range(self.layers)]
-                + [f"new_value_{i}" for i in range(self.layers)])
+        kind = "present" if self.inplace else "new"
+        return (["logits"] + [f"{kind}_key_{i}" for i in range(self.layers)]
+                + [f"{kind}_value_{i}" for i in range(self.layers)])
 
     def _bind_step_outputs(self) -> None:
         ort, b = self._ort, self.binding
         b.clear_binding_outputs()
         b.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self.step_logits))
-        for j, name in enumerate(self._out_names()[1:]):
-            b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(self.step_new[j]))
+        if self.inplace:
+            self._bind_caches()
+        else:
+            for j, name in enumerate(self._out_names()[1:]):
+                b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(self.step_new[j]))
         self._bind_common(self.step_ids, self.no_image, self.step_cos, self.step_sin)
 
     def step(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -154,11 +188,12 @@ class OrtSession:
         self.step_ids[0, 0] = token_id
         self.step_cos[0, 0] = cos
         self.step_sin[0, 0] = sin
-        self.past_len[0] = pos
+        self.past_len[0], self.seqlens_k[0], self.total_len[...] = pos, pos, pos + 1
         self.decoder.run_with_iobinding(self.binding)
-        for i in range(self.layers):                         # write the new row at `pos`
-            self.k[i][:, :, pos] = self.step_new[i][:, :, 0]
-            self.v[i][:, :, pos] = self.step_new[self.layers + i][:, :, 0]
+        if not self.inplace:
+            for i in range(self.layers):                     # write the new row at `pos`
+                self.k[i][:, :, pos] = self.step_new[i][:, :, 0]
+                self.v[i][:, :, pos] = self.step_new[self.layers + i][:, :, 0]
         return self.step_logits[0]
 
     def memory_bytes(self) -> dict:
@@ -178,22 +213,28 @@ class OrtSession:
         for t in self.k + self.v:
             t.update_inplace(zeros)
         self.binding = self.decoder.io_binding()
-        for i in range(self.layers):
-            self.binding.bind_ortvalue_input(f"past_key_{i}", self.k[i])
-            self.binding.bind_ortvalue_input(f"past_value_{i}", self.v[i])
+        self.kv_values = self.k + self.v
+        self._bind_caches()
         self.row_bytes = self.hd * np.dtype(self.kv_dtype).itemsize
         self.step_in = {
             "input_ids": ort.OrtValue.ortvalue_from_shape_and_type((1, 1), np.int64, "cuda", 0),
             "cos": ort.OrtValue.ortvalue_from_shape_and_type((1, 1, self.hd), np.float32, "cuda", 0),
             "sin": ort.OrtValue.ortvalue_from_shape_and_type((1, 1, self.hd), np.float32, "cuda", 0),
-            "past_len": ort.OrtValue.ortvalue_from_shape_and_type((1,), np.int64, "cuda", 0),
             "image_embeds": ort.OrtValue.ortvalue_from_numpy(np.zeros((1, self.hidden), np.float32), "cuda", 0),
         }
         self.step_out = {"logits": ort.OrtValue.ortvalue_from_shape_and_type((1, self.vocab_size), np.float32, "cuda", 0)}
-        for name in self._out_names()[1:]:
-            self.step_out[name] = ort.OrtValue.ortvalue_from_shape_and_type((1, self.kvh, 1, self.hd), self.kv_dtype, "cuda", 0)
+        self.h_seq = np.zeros((1,), np.int32)
+        self.h_total = np.zeros((), np.int32)     # GroupQueryAttention reads total_sequence_length from host memory
+        if self.inplace:
+            self.step_in["seqlens_k"] = ort.OrtValue.ortvalue_from_shape_and_type((1,), np.int32, "cuda", 0)
+            self.step_in["total_sequence_length"] = ort.OrtValue.ortvalue_from_numpy(self.h_total)
+        else:
+            self.step_in["past_len"] = ort.OrtValue.ortvalue_from_shape_and_type((1,), np.int64, "cuda", 0)
+            for name in self._out_names()[1:]:
+                self.step_out[name] = ort.OrtValue.ortvalue_from_shape_and_type((1, self.kvh, 1, self.hd),
+                                                                                self.kv_dtype, "cuda", 0)
         self.caches = self.k + self.v                                   # copy targets, in output order
-        self.step_news = [self.step_out[n] for n in self._out_names()[1:]]
+        self.step_news = [self.step_out[n] for n in self._out_names()[1:]] if not self.inplace else []
         # host staging for the per-step inputs, allocated once
         self.h_ids = np.zeros((1, 1), np.int64)
         self.h_cos = np.zeros((1, 1, self.hd), np.float32)
@@ -218,15 +259,25 @@ class OrtSession:
         b.bind_ortvalue_input("image_embeds", self._image_dev if self._image_dev is not None else self.step_in["image_embeds"])
         b.bind_ortvalue_input("cos", ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(cos[None], np.float32), "cuda", 0))
         b.bind_ortvalue_input("sin", ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(sin[None], np.float32), "cuda", 0))
-        b.bind_ortvalue_input("past_len", ort.OrtValue.ortvalue_from_numpy(np.zeros((1,), np.int64), "cuda", 0))
         b.clear_binding_outputs()
-        for name in self._out_names():
-            b.bind_output(name, "cuda", 0)
+        if self.inplace:
+            self.h_seq[0], self.h_total[...] = s - 1, s
+            b.bind_ortvalue_input("seqlens_k", ort.OrtValue.ortvalue_from_numpy(self.h_seq, "cuda", 0))
+            b.bind_ortvalue_input("total_sequence_length", self.step_in["total_sequence_length"])
+            self._bind_caches()
+            b.bind_output("logits", "cuda", 0)
+        else:
+            b.bind_ortvalue_input("past_len", ort.OrtValue.ortvalue_from_numpy(np.zeros((1,), np.int64), "cuda", 0))
+            for name in self._out_names():
+                b.bind_output(name, "cuda", 0)
         self.decoder.run_with_iobinding(b)
         outs = b.get_outputs()
-        self._scatter_rows(outs[1:], 0, s)
-        logits = outs[0].numpy()[0]
+        if not self.inplace:
+            self._scatter_rows(outs[1:], 0, s)
+        logits = outs[-1 if self.inplace else 0].numpy()[0]
         b.clear_binding_outputs()
+        if self.inplace:
+            self._bind_caches()
         for name, val in self.step_out.items():
             b.bind_ortvalue_output(name, val)
         for name, val in self.step_in.items():
@@ -238,7 +289,12 @@ class OrtSession:
         self.step_in["input_ids"].update_inplace(self.h_ids)
         self.step_in["cos"].update_inplace(self.h_cos)
         self.step_in["sin"].update_inplace(self.h_sin)
-        self.step_in["past_len"].update_inplace(self.h_pos)
-        self.decoder.run_with_iobinding(self.binding)
-        self._scatter_rows(self.step_news, pos, 1)
+        if self.inplace:
+            self.h_seq[0], self.h_total[...] = pos, pos + 1
+            self.step_in["seqlens_k"].update_inplace(self.h_seq)
+            self.decoder.run_with_iobinding(self.binding)
+        else:
+            self.step_in["past_len"].update_inplace(self.h_pos)
+            self.decoder.run_with_iobinding(self.binding)
+            self._scatter_rows(self.step_news, pos, 1)
         return self.step_out["logits"].numpy()[0]
