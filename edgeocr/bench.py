@@ -42,6 +42,21 @@ class BenchResult:
     kv_cache_mib: float
     decoder_weight_mib: float
     bandwidth_floor_ms: float | None  # weights + live KV per step / peak bandwidth
+    step_copies: dict | None = None   # bytes each decode step moves outside the graph, by construction
+    flavour: str = ""                 # decoder attention / selection / CUDA graph
+
+
+def step_copies(session) -> dict:
+    """What one decode step copies outside the graph, by construction of the session's binding."""
+    hd, kvh, layers = session.hd, session.kvh, session.layers
+    item = np.dtype(session.kv_dtype).itemsize
+    h2d = 8 + 2 * 4 * hd                                          # token id, cos, sin
+    h2d += 4 if session.inplace else 8                            # seqlens_k | past_len
+    d2h = 8 if getattr(session, "selects", False) else 4 * session.vocab_size   # token id | logits
+    if getattr(session, "selects", False):
+        h2d += 4                                                  # one 'seen' flag
+    d2d = 0 if session.inplace else 2 * layers * kvh * hd * item  # new K/V rows into the cache
+    return {"host_to_device": h2d, "device_to_host": d2h, "cache_rows_device_to_device": d2d}
 
 
 def _rss_mib() -> float:
@@ -65,11 +80,11 @@ def _bandwidth(name: str) -> float | None:
 
 
 def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, repeats: int = 1,
-          task: str = "spotting", threads: int | None = None) -> BenchResult:
+          task: str = "spotting", threads: int | None = None, cuda_graph: bool = False) -> BenchResult:
     from edgeocr.model import OCRModel
 
     t0 = time.perf_counter()
-    model = OCRModel(artifact, device=device, threads=threads)
+    model = OCRModel(artifact, device=device, threads=threads, cuda_graph=cuda_graph)
     load_ms = (time.perf_counter() - t0) * 1e3
     opts = DecodeOptions(max_new_tokens=tokens, ignore_stop=True, tail_repetition_stop=False)
     cuda = None
@@ -108,7 +123,9 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
         decode_ms_per_token=per_tok, decode_ms_by_position=by_pos,
         tokens_per_s=1e3 / per_tok if per_tok else 0.0, total_ms=t["total"], peak_rss_mib=_rss_mib(),
         peak_device_mib=peak_dev, kv_cache_mib=kv / 2**20, decoder_weight_mib=dec_bytes / 2**20,
-        bandwidth_floor_ms=floor)
+        bandwidth_floor_ms=floor, step_copies=step_copies(model.session),
+        flavour=(f"attention {m.graphs['decoder'].get('attention', 'masked')}, selection "
+                 f"{'in graph' if model.session.selects else 'host'}, CUDA graph {'on' if cuda_graph else 'off'}"))
 
 
 def bench_transformers(checkpoint: str | Path, image, tokens: int, task: str = "spotting",
@@ -147,6 +164,7 @@ def bench_transformers(checkpoint: str | Path, image, tokens: int, task: str = "
 
 def format_table(r: BenchResult, hf: dict | None = None) -> str:
     rows = [("backend", r.backend, ""), ("precision", r.precision, ""), ("device", r.device_name, ""),
+            ("decoder flavour", r.flavour, ""),
             ("prompt / new tokens", f"{r.prompt_tokens} / {r.new_tokens}", ""),
             ("load", f"{r.load_ms:.0f} ms", ""), ("image decode + preprocess", f"{r.preprocess_ms:.1f} ms", ""),
             ("vision", f"{r.vision_ms:.1f} ms", ""), ("prefill", f"{r.prefill_ms:.1f} ms", ""),
@@ -159,6 +177,10 @@ def format_table(r: BenchResult, hf: dict | None = None) -> str:
             ("device memory in use", f"{r.peak_device_mib:.0f} MiB" if r.peak_device_mib else "n/a", ""),
             ("KV cache", f"{r.kv_cache_mib:.1f} MiB", ""), ("decoder weights", f"{r.decoder_weight_mib:.1f} MiB", ""),
             ("decode bandwidth floor", f"{r.bandwidth_floor_ms:.3f} ms" if r.bandwidth_floor_ms else "n/a", "")]
+    if r.step_copies:
+        c = r.step_copies
+        rows.append(("copies per step (H2D / D2H / cache D2D)",
+                     f"{c['host_to_device']} B / {c['device_to_host']} B / {c['cache_rows_device_to_device']} B", ""))
     out = [f"{k:40s} {v}" for k, v, _ in rows]
     if hf:
         out.append(f"--- transformers generate ({hf['dtype']}, {hf['attn']}) on the same image and prompt")

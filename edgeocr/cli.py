@@ -113,7 +113,7 @@ def _bench(args) -> int:
     image = args.image or _synthetic_page()
     try:
         r = bench.bench(args.artifact, image, device=args.device, tokens=args.tokens, repeats=args.repeats,
-                        task=args.task, threads=args.threads)
+                        task=args.task, threads=args.threads, cuda_graph=args.cuda_graph)
         hf = None
         if args.compare_transformers:
             hf = bench.bench_transformers(args.compare_transformers, image, args.tokens, args.task)
@@ -183,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--repeats", type=int, default=1, help="timed runs; the fastest is reported")
     b.add_argument("--task", choices=prompts.task_names(), default="spotting")
     b.add_argument("--threads", type=int, default=None)
+    b.add_argument("--cuda-graph", action="store_true",
+                   help="replay the decode step as a CUDA graph (artifact exported with --attention gqa "
+                        "--select-on-device, --device cuda)")
     b.add_argument("--compare-transformers", metavar="CHECKPOINT",
                    help="also run transformers generate (bf16, sdpa) on this checkpoint and print ratios")
     b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")

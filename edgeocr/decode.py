@@ -100,15 +100,22 @@ def greedy(session: Session, prompt_ids: np.ndarray, cos: np.ndarray, sin: np.nd
     """
     st = state if state is not None else DecodeState()
     s = int(prompt_ids.shape[0])
+    on_device = bool(getattr(session, "selects", False))     # the graph applies the penalty and argmax
     t0 = time.perf_counter()
+    if on_device:
+        session.begin(prompt_ids, penalty)
     logits = session.prefill(prompt_ids, cos, sin)
     t1 = time.perf_counter()
     st.prefill_ms = (t1 - t0) * 1e3
-    rp = RepetitionPenalty(session.vocab_size, penalty, prompt_ids)
+    rp = None if on_device else RepetitionPenalty(session.vocab_size, penalty, prompt_ids)
     stops = set() if opts.ignore_stop else set(stop_ids)
     next_check = opts.tail_min_chars
+    tok = -1
     for n in range(opts.max_new_tokens):
-        tok = int(np.argmax(rp(logits)))
+        if on_device:
+            tok = session.first_token if n == 0 else tok
+        else:
+            tok = int(np.argmax(rp(logits)))
         if n == 0:
             st.first_token_ms = (time.perf_counter() - t1) * 1e3
         st.tokens.append(tok)
@@ -130,8 +137,11 @@ def greedy(session: Session, prompt_ids: np.ndarray, cos: np.ndarray, sin: np.nd
         yield tok                        # finish_reason is already set when this is the last token
         if st.finish_reason:
             break
-        rp.add(tok)
         ts = time.perf_counter()
-        logits = session.step(tok, pos, table_cos[pos], table_sin[pos])
+        if on_device:
+            tok = session.step_token(tok, pos, table_cos[pos], table_sin[pos])
+        else:
+            rp.add(tok)
+            logits = session.step(tok, pos, table_cos[pos], table_sin[pos])
         st.step_ms.append((time.perf_counter() - ts) * 1e3)
     st.decode_ms = (time.perf_counter() - t1) * 1e3

@@ -51,10 +51,11 @@ class Prepared:
     timings_ms: dict = field(default_factory=dict)
 
 
-def open_session(artifact: Path, m: Manifest, backend: str, device: str, threads: int | None):
+def open_session(artifact: Path, m: Manifest, backend: str, device: str, threads: int | None,
+                 cuda_graph: bool = False):
     if backend == "onnxruntime":
         from edgeocr.backends.ort import OrtSession
-        return OrtSession(artifact, m, device=device, threads=threads)
+        return OrtSession(artifact, m, device=device, threads=threads, cuda_graph=cuda_graph)
     if backend == "tensorrt":
         raise BackendError("the TensorRT backend is not part of this build yet; use backend='onnxruntime'")
     raise BackendError(f"unknown backend {backend!r}; use 'onnxruntime'")
@@ -69,12 +70,12 @@ class OCRModel:
     """
 
     def __init__(self, artifact_dir: str | Path, backend: str = "onnxruntime", device: str = "cpu",
-                 threads: int | None = None, rope_layout: str | None = None):
+                 threads: int | None = None, rope_layout: str | None = None, cuda_graph: bool = False):
         t0 = time.perf_counter()
         self.path = Path(artifact_dir)
         self.manifest = m = read_manifest(self.path)
         self.tokenizer = Tokenizer(self.path / m.tokenizer)
-        self.session = open_session(self.path, m, backend, device, threads)
+        self.session = open_session(self.path, m, backend, device, threads, cuda_graph)
         tk = m.tokens
         self.prompt_tokens = prompts.PromptTokens(bos=tk["bos"], system_sep=tk["system_sep"], im_start=tk["im_start"],
                                                   im_end=tk["im_end"], image=tk["image"], user=tk["user"])

@@ -34,7 +34,8 @@ def _build(args) -> None:
 
     t0 = time.perf_counter()
     common = dict(max_cache_len=args.max_cache_len, max_prefill_len=args.max_prefill_len,
-                  rope_layout=args.rope_layout, device=args.device, attention=args.attention)
+                  rope_layout=args.rope_layout, device=args.device, attention=args.attention,
+                  select_on_device=args.select_on_device)
     if args.precision in ("fp16", "fp32"):
         m = export(args.checkpoint, args.out, ExportOptions(precision=args.precision, **common), progress=_progress)
     else:
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--rope-layout", choices=["A", "B"], default="B",
                    help="XD-RoPE layout: B = transformers >= 5.13 (default), A = vLLM / Tencent training code")
     e.add_argument("--device", default="cpu", help="torch device used for tracing (cuda speeds up big models)")
+    e.add_argument("--select-on-device", action="store_true",
+                   help="repetition penalty + argmax inside the decoder graph: one token id read back per step")
     e.add_argument("--attention", choices=["masked", "gqa"], default="masked",
                    help="decoder attention: masked = portable ONNX ops, new K/V rows out (any runtime, TensorRT); "
                         "gqa = ONNX Runtime GroupQueryAttention, cache updated in place, reads the live length only")
@@ -81,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--max-prefill-len", type=int, default=2048)
     b.add_argument("--rope-layout", choices=["A", "B"], default="B")
     b.add_argument("--device", default="cpu", help="torch device used for tracing")
+    b.add_argument("--select-on-device", action="store_true",
+                   help="repetition penalty + argmax inside the decoder graph: one token id read back per step")
     b.add_argument("--attention", choices=["masked", "gqa"], default="masked",
                    help="decoder attention: masked = portable ONNX ops, new K/V rows out (any runtime, TensorRT); "
                         "gqa = ONNX Runtime GroupQueryAttention, cache updated in place, reads the live length only")
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             m = export(args.checkpoint, args.out, ExportOptions(
                 max_cache_len=args.max_cache_len, max_prefill_len=args.max_prefill_len,
                 rope_layout=args.rope_layout, precision=args.precision, device=args.device,
-                attention=args.attention), progress=_progress)
+                attention=args.attention, select_on_device=args.select_on_device), progress=_progress)
             for name, info in sorted(m.files.items()):
                 print(f"{info['bytes'] / 2**20:10.2f} MiB  {name}")
             print(f"{sum(i['bytes'] for i in m.files.values()) / 2**20:10.2f} MiB  total -> {args.out}")

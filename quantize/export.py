@@ -40,6 +40,8 @@ class ExportOptions:
     # decoder attention: "masked" = portable ONNX ops over the whole cache, new K/V rows out (any runtime,
     # TensorRT); "gqa" = ONNX Runtime's GroupQueryAttention, cache updated in place, live length only
     attention: str = "masked"
+    # greedy selection (repetition penalty + argmax) inside the decoder graph: one token id read back per step
+    select_on_device: bool = False
 
 
 def _torch_dtype(precision: str):
@@ -111,7 +113,7 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
     """Checkpoint directory -> artifact directory.  Returns the written manifest."""
     import torch
 
-    from quantize.torch_model import Decoder, VisionEncoder
+    from quantize.torch_model import Decoder, DeviceSelect, VisionEncoder
 
     say = progress or (lambda msg: log.info("%s", msg))
     t0 = time.perf_counter()
@@ -156,7 +158,13 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
         in_names = ["input_ids", "image_embeds", "cos", "sin", "past_len", *past_names]
         out_names = [f"new_key_{i}" for i in range(L)] + [f"new_value_{i}" for i in range(L)]
         dyn.update({n: {2: "seq"} for n in out_names})
-    _export(dec, args, out / "decoder.onnx", in_names, ["logits", *out_names], dyn, opts.device)
+    head = ["logits"]
+    if opts.select_on_device:
+        dec = DeviceSelect(dec).eval()
+        args = (*args[:4], torch.zeros(1, t.vocab_size), torch.tensor(1.08), *args[4:])
+        in_names = [*in_names[:4], "seen", "penalty", *in_names[4:]]
+        head = ["logits", "next_token"]
+    _export(dec, args, out / "decoder.onnx", in_names, [*head, *out_names], dyn, opts.device)
     del dec, w
 
     shutil.copyfile(ckpt / "tokenizer.json", out / "tokenizer.json")
@@ -172,7 +180,8 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
         model=spec.to_dict(),
         graphs={"vision": {"file": "vision.onnx", **_io(out / "vision.onnx")},
                 "decoder": {"file": "decoder.onnx", **_io(out / "decoder.onnx"),
-                            "max_prefill_len": opts.max_prefill_len, "attention": opts.attention}},
+                            "max_prefill_len": opts.max_prefill_len, "attention": opts.attention,
+                            "select_on_device": opts.select_on_device}},
         kv_cache={"layers": L, "kv_heads": kvh, "head_dim": d, "max_len": opts.max_cache_len,
                   "layout": "per-layer [1, kv_heads, max_len, head_dim]", "dtype": kv_dtype,
                   "update": "in-place (present_* bound to past_*)" if opts.attention == "gqa" else "new rows out",

@@ -182,6 +182,10 @@ def capture(fp32_artifact: Path, images: list[Path], decode_tokens: int,
             sample["total_sequence_length"] = np.array(len(seq), np.int32)
         else:
             sample["past_len"] = np.zeros((1,), np.int64)
+        if m.graphs["decoder"].get("select_on_device"):
+            sample["seen"] = np.zeros((1, m.model["text"]["vocab_size"]), np.float32)
+            sample["seen"][0, ids] = 1.0
+            sample["penalty"] = np.asarray(m.decode["repetition_penalty"], np.float32)
         for layer in range(kv["layers"]):
             sample[f"past_key_{layer}"] = zeros
             sample[f"past_value_{layer}"] = zeros

@@ -286,3 +286,21 @@ class Decoder(nn.Module):
         if logits.dtype != torch.float32:     # no no-op Cast on the graph output (NNCF trips on it)
             logits = logits.float()
         return (logits, *new_k, *new_v)
+
+
+class DeviceSelect(nn.Module):
+    """Decoder + greedy selection in the graph (select_on_device): the runtime reads back one token id
+    per step instead of the logits.  Same contract as edgeocr.decode: HF repetition penalty over the ids
+    marked in `seen` (logit / p if logit > 0 else logit * p), then argmax (first index on ties).
+    Extra inputs after input_ids, image_embeds, cos, sin: seen [1, V] float32 (1 = penalized), penalty
+    [] float32.  Extra output after logits: next_token [1] int64."""
+
+    def __init__(self, decoder: nn.Module):
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, input_ids, image_embeds, cos, sin, seen, penalty, *rest):
+        outs = self.decoder(input_ids, image_embeds, cos, sin, *rest)
+        logits = outs[0]
+        adj = torch.where(seen > 0, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+        return (logits, torch.argmax(adj, dim=-1), *outs[1:])

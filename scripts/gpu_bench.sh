@@ -20,7 +20,10 @@ python3 -m edgeocr bench $W/real-fp16 --device cuda --tokens $TOKENS --repeats 2
 # the GroupQueryAttention flavour: cache written in place, attention over the live length only
 if [ "${GQA:-1}" = 1 ]; then
   [ -f $W/real-fp16-gqa/manifest.json ] || python3 -m quantize export $W/real-ckpt $W/real-fp16-gqa \
-    --precision fp16 --max-cache-len 4096 --device cuda --attention gqa 2>&1 | tail -3 | tee "$OUT/export_fp16_gqa.log"
+    --precision fp16 --max-cache-len 4096 --device cuda --attention gqa --select-on-device 2>&1 | tail -3 \
+    | tee "$OUT/export_fp16_gqa.log"
   python3 -m edgeocr bench $W/real-fp16-gqa --device cuda --tokens $TOKENS --repeats 2 \
     --json "$OUT/bench_fp16_gqa.json" 2>&1 | tee "$OUT/bench_fp16_gqa.txt"
+  python3 -m edgeocr bench $W/real-fp16-gqa --device cuda --tokens $TOKENS --repeats 2 --cuda-graph \
+    --json "$OUT/bench_fp16_gqa_graph.json" 2>&1 | tee "$OUT/bench_fp16_gqa_graph.txt"
 fi

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edgeocr import metrics
@@ -29,7 +30,9 @@ def test_demo_checkpoint_is_real_format_and_small():
     assert cfg["model_type"] == "hunyuan_vl" and cfg["architectures"] == ["HunYuanVLForConditionalGeneration"]
     spec = read_spec(DEMO)
     tensors = load_tensors(DEMO, spec)                 # every name and shape checked against the config
-    assert sum(int(t.size) for t in tensors.values()) < 6_000_000
+    emb = tensors["model.embed_tokens.weight"]
+    tied = np.shares_memory(tensors["lm_head.weight"], emb)
+    assert tied and sum(int(t.size) for n, t in tensors.items() if n != "lm_head.weight") < 6_000_000
     tok = json.loads((DEMO / "tokenizer.json").read_text())
     names = {t["content"] for t in tok["added_tokens"]}
     assert {"<｜hy_begin▁of▁sentence｜>", "<｜hy_place▁holder▁no▁3｜>"} <= names
@@ -55,3 +58,20 @@ def test_demo_model_reads_eval_pages(demo_art):
         cers.append(metrics.cer(r.text, s.text))
     assert sum(cers) / len(cers) <= 0.75, cers
     assert "SF EXPRESS" in texts[0] and "TRACKING #:" in texts[0], texts[0]
+
+
+def test_gqa_in_place_and_device_selection_give_the_same_tokens(demo_art, tmp_path):
+    """The fast flavour (GroupQueryAttention with the cache written in place, repetition penalty and argmax
+    in the graph, one token id read back per step) against the portable one with host selection, on a
+    model whose outputs vary: identical tokens for 150 steps, with the default and a stronger penalty."""
+    from quantize.export import ExportOptions, export
+    fast_dir = tmp_path / "fast"
+    export(DEMO, fast_dir, ExportOptions(max_cache_len=1536, max_prefill_len=1280, attention="gqa",
+                                         select_on_device=True))
+    fast, ref_model = OCRModel(fast_dir), OCRModel(demo_art)
+    assert fast.session.selects and fast.session.inplace and not ref_model.session.selects
+    for s, pen in zip(load_dir(EVAL)[:2], (None, 1.3)):
+        opts = DecodeOptions(max_new_tokens=150, repetition_penalty=pen)
+        a = fast.recognize(s.path, task="spotting", options=opts)
+        b = ref_model.recognize(s.path, task="spotting", options=opts)
+        assert a.token_ids == b.token_ids and len(set(a.token_ids)) > 20

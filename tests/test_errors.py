@@ -135,3 +135,10 @@ def test_gqa_fp32_on_cuda_is_refused_with_the_fix(gqa_arts):
     from edgeocr.errors import BackendError
     with pytest.raises(BackendError, match="--precision fp16"):
         OCRModel(gqa_arts["a"], device="cuda")
+
+
+def test_cuda_graph_needs_the_fixed_address_flavour(art_a, gqa_arts):
+    from edgeocr.errors import BackendError
+    for art, dev in ((art_a, "cuda"), (gqa_arts["a"], "cuda"), (gqa_arts["a"], "cpu")):
+        with pytest.raises(BackendError, match="--attention gqa --select-on-device"):
+            OCRModel(art, device=dev, cuda_graph=True)

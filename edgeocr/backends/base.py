@@ -34,3 +34,18 @@ class Session(Protocol):
     def memory_bytes(self) -> dict:
         """{"kv_cache": bytes held by the static KV cache, ...}."""
         ...
+
+
+class DeviceSelectSession(Session, Protocol):
+    """Optional: a session whose graph does the greedy selection itself (`selects` is True).
+
+    `begin(prompt_ids, penalty)` marks the prompt ids as seen; `prefill` then also records the first
+    token in `first_token`; `step_token(prev, pos, cos, sin)` marks `prev` seen, runs the step and returns
+    the next token id — only that id crosses to the host.  Same contract as edgeocr.decode's host path."""
+
+    selects: bool
+    first_token: int
+
+    def begin(self, prompt_ids: np.ndarray, penalty: float) -> None: ...
+
+    def step_token(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> int: ...

@@ -13,6 +13,7 @@ import sys
 
 from edgeocr.errors import BackendError
 
+_MEMCPY_H2D = 1   # cudaMemcpyHostToDevice
 _MEMCPY_D2D = 3   # cudaMemcpyDeviceToDevice
 
 
@@ -22,6 +23,8 @@ class CudaRT:
         lib.cudaMemcpy2D.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
                                      ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
         lib.cudaMemcpy2D.restype = ctypes.c_int
+        lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        lib.cudaMemcpy.restype = ctypes.c_int
         lib.cudaDeviceSynchronize.restype = ctypes.c_int
         lib.cudaMemGetInfo.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
 
@@ -29,6 +32,11 @@ class CudaRT:
         rc = self.lib.cudaMemcpy2D(dst, dpitch, src, spitch, width, height, _MEMCPY_D2D)
         if rc != 0:
             raise BackendError(f"cudaMemcpy2D failed with CUDA error {rc}")
+
+    def memcpy_htod(self, dst: int, src: int, nbytes: int) -> None:
+        rc = self.lib.cudaMemcpy(dst, src, nbytes, _MEMCPY_H2D)
+        if rc != 0:
+            raise BackendError(f"cudaMemcpy (host to device) failed with CUDA error {rc}")
 
     def sync(self) -> None:
         rc = self.lib.cudaDeviceSynchronize()

@@ -44,7 +44,8 @@ def available_providers() -> list[str]:
 class OrtSession:
     """Implements edgeocr.backends.base.Session on ONNX Runtime."""
 
-    def __init__(self, artifact: Path, m: Manifest, device: str = "cpu", threads: int | None = None):
+    def __init__(self, artifact: Path, m: Manifest, device: str = "cpu", threads: int | None = None,
+                 cuda_graph: bool = False):
         ort = _ort()
         self.m = m
         kv = m.kv_cache
@@ -54,6 +55,13 @@ class OrtSession:
         self.hidden = m.model["text"]["hidden_size"]
         self.kv_dtype = _NP[kv["dtype"]]
         self.inplace = m.graphs["decoder"].get("attention", "masked") == "gqa"
+        self.selects = bool(m.graphs["decoder"].get("select_on_device", False))
+        self.first_token = -1
+        self.cuda_graph = bool(cuda_graph)
+        if self.cuda_graph and (device != "cuda" or not (self.inplace and self.selects)):
+            raise BackendError("CUDA-graph decode needs device 'cuda' and an artifact exported with "
+                               "--attention gqa --select-on-device (fixed buffer addresses, no host copy "
+                               "inside the step)")
         if self.inplace and device == "cuda" and m.precision == "fp32":
             raise BackendError("this artifact's decoder uses GroupQueryAttention, which ONNX Runtime's CUDA "
                                "provider runs in fp16/bf16 only: export it with --precision fp16 for CUDA, "
@@ -76,9 +84,16 @@ class OrtSession:
         so.log_severity_level = 3
         if threads:
             so.intra_op_num_threads = threads
+        dec_providers = providers
+        if self.cuda_graph:
+            # the decode step is captured once and replayed; prefill runs outside it (gpu_graph_id -1)
+            dec_providers = [("CUDAExecutionProvider", {**cuda_opts, "enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+            self._ro_prefill, self._ro_step = ort.RunOptions(), ort.RunOptions()
+            self._ro_prefill.add_run_config_entry("gpu_graph_id", "-1")
+            self._ro_step.add_run_config_entry("gpu_graph_id", "1")
         try:
             self.vision = ort.InferenceSession(str(artifact / m.graphs["vision"]["file"]), so, providers=providers)
-            self.decoder = ort.InferenceSession(str(artifact / m.graphs["decoder"]["file"]), so, providers=providers)
+            self.decoder = ort.InferenceSession(str(artifact / m.graphs["decoder"]["file"]), so, providers=dec_providers)
         except Exception as e:  # onnxruntime raises its own exception types
             raise BackendError(f"ONNX Runtime could not load the graphs in {artifact}: {e}") from None
         self._ort = ort
@@ -108,6 +123,10 @@ class OrtSession:
         self.step_logits = np.zeros((1, self.vocab_size), np.float32)
         self.step_new = [np.zeros((1, self.kvh, 1, self.hd), self.kv_dtype) for _ in range(2 * self.layers)]
         self.image_embeds = None
+        # selection in the graph: seen ids, penalty, chosen id (shared with ORT by address)
+        self.seen = np.zeros((1, self.vocab_size), np.float32)
+        self.penalty = np.ones((), np.float32)
+        self.next_token = np.zeros((1,), np.int64)
 
     def _bind_caches(self) -> None:
         """past_* inputs (and, in place, present_* outputs for gqa) -> the preallocated buffers."""
@@ -130,6 +149,9 @@ class OrtSession:
             b.bind_ortvalue_input("total_sequence_length", ort.OrtValue.ortvalue_from_numpy(self.total_len))
         else:
             b.bind_ortvalue_input("past_len", ort.OrtValue.ortvalue_from_numpy(self.past_len))
+        if self.selects:
+            b.bind_ortvalue_input("seen", ort.OrtValue.ortvalue_from_numpy(self.seen))
+            b.bind_ortvalue_input("penalty", ort.OrtValue.ortvalue_from_numpy(self.penalty))
 
     def encode_image(self, pixels: np.ndarray) -> np.ndarray:
         out = self.vision.run(["image_embeds"], {"pixels": np.ascontiguousarray(pixels, np.float32)})[0]
@@ -146,21 +168,24 @@ class OrtSession:
         self.past_len[0], self.seqlens_k[0], self.total_len[...] = 0, s - 1, s
         self._bind_common(np.ascontiguousarray(input_ids.reshape(1, s), np.int64), embeds,
                           np.ascontiguousarray(cos[None], np.float32), np.ascontiguousarray(sin[None], np.float32))
-        b = self.binding
+        b, ort = self.binding, self._ort
         b.clear_binding_outputs()
+        b.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self.step_logits))
+        if self.selects:
+            b.bind_ortvalue_output("next_token", ort.OrtValue.ortvalue_from_numpy(self.next_token))
         if self.inplace:
             self._bind_caches()
-            b.bind_output("logits", "cpu")
         else:
-            for name in self._out_names():
+            for name in self._out_names()[1:]:
                 b.bind_output(name, "cpu")
         self.decoder.run_with_iobinding(b)
-        outs = b.get_outputs()
         if not self.inplace:
+            news = b.get_outputs()[-2 * self.layers:]          # the new rows, in _out_names order
             for i in range(self.layers):
-                self.k[i][:, :, :s] = outs[1 + i].numpy()
-                self.v[i][:, :, :s] = outs[1 + self.layers + i].numpy()
-        logits = outs[-1 if self.inplace else 0].numpy()[0]
+                self.k[i][:, :, :s] = news[i].numpy()
+                self.v[i][:, :, :s] = news[self.layers + i].numpy()
+        logits = self.step_logits[0].copy()
+        self.first_token = int(self.next_token[0])
         self._bind_step_outputs()
         return logits
 
@@ -173,6 +198,8 @@ class OrtSession:
         ort, b = self._ort, self.binding
         b.clear_binding_outputs()
         b.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self.step_logits))
+        if self.selects:
+            b.bind_ortvalue_output("next_token", ort.OrtValue.ortvalue_from_numpy(self.next_token))
         if self.inplace:
             self._bind_caches()
         else:
@@ -195,6 +222,31 @@ class OrtSession:
                 self.k[i][:, :, pos] = self.step_new[i][:, :, 0]
                 self.v[i][:, :, pos] = self.step_new[self.layers + i][:, :, 0]
         return self.step_logits[0]
+
+    def begin(self, prompt_ids: np.ndarray, penalty: float) -> None:
+        """Selection in the graph: mark the prompt's ids as seen and set the penalty for this request."""
+        if not self.selects:
+            raise BackendError("this artifact selects tokens on the host (exported without --select-on-device)")
+        seen = np.zeros((1, self.vocab_size), np.float32)
+        seen[0, np.asarray(prompt_ids, np.int64)] = 1.0
+        if self.device == "cpu":
+            self.seen[...] = seen
+            self.penalty[...] = penalty
+        else:
+            self.step_in["seen"].update_inplace(seen)
+            self.step_in["penalty"].update_inplace(np.asarray(penalty, np.float32))
+
+    def step_token(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> int:
+        """Mark `token_id` seen, run the step, return the graph's choice (8 bytes back, no logits)."""
+        if not 0 <= pos < self.max_len:
+            raise IndexError(f"cache position {pos} outside [0, {self.max_len})")
+        if self.device == "cpu":
+            self.seen[0, token_id] = 1.0
+            self.step(token_id, pos, cos, sin)
+            return int(self.next_token[0])
+        self.cuda.memcpy_htod(self.step_in["seen"].data_ptr() + 4 * int(token_id), self.h_one.ctypes.data, 4)
+        self._run_step_cuda(token_id, pos, cos, sin)
+        return int(self.step_out["next_token"].numpy()[0])
 
     def memory_bytes(self) -> dict:
         per = self.kvh * self.max_len * self.hd * np.dtype(self.kv_dtype).itemsize
@@ -233,6 +285,11 @@ class OrtSession:
             for name in self._out_names()[1:]:
                 self.step_out[name] = ort.OrtValue.ortvalue_from_shape_and_type((1, self.kvh, 1, self.hd),
                                                                                 self.kv_dtype, "cuda", 0)
+        if self.selects:
+            self.step_in["seen"] = ort.OrtValue.ortvalue_from_shape_and_type((1, self.vocab_size), np.float32, "cuda", 0)
+            self.step_in["penalty"] = ort.OrtValue.ortvalue_from_numpy(np.ones((), np.float32), "cuda", 0)
+            self.step_out["next_token"] = ort.OrtValue.ortvalue_from_shape_and_type((1,), np.int64, "cuda", 0)
+        self.h_one = np.ones((1,), np.float32)
         self.caches = self.k + self.v                                   # copy targets, in output order
         self.step_news = [self.step_out[n] for n in self._out_names()[1:]] if not self.inplace else []
         # host staging for the per-step inputs, allocated once
@@ -260,21 +317,26 @@ class OrtSession:
         b.bind_ortvalue_input("cos", ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(cos[None], np.float32), "cuda", 0))
         b.bind_ortvalue_input("sin", ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(sin[None], np.float32), "cuda", 0))
         b.clear_binding_outputs()
+        b.bind_ortvalue_output("logits", self.step_out["logits"])
+        if self.selects:
+            b.bind_ortvalue_input("seen", self.step_in["seen"])
+            b.bind_ortvalue_input("penalty", self.step_in["penalty"])
+            b.bind_ortvalue_output("next_token", self.step_out["next_token"])
         if self.inplace:
             self.h_seq[0], self.h_total[...] = s - 1, s
             b.bind_ortvalue_input("seqlens_k", ort.OrtValue.ortvalue_from_numpy(self.h_seq, "cuda", 0))
             b.bind_ortvalue_input("total_sequence_length", self.step_in["total_sequence_length"])
             self._bind_caches()
-            b.bind_output("logits", "cuda", 0)
         else:
             b.bind_ortvalue_input("past_len", ort.OrtValue.ortvalue_from_numpy(np.zeros((1,), np.int64), "cuda", 0))
-            for name in self._out_names():
+            for name in self._out_names()[1:]:
                 b.bind_output(name, "cuda", 0)
-        self.decoder.run_with_iobinding(b)
-        outs = b.get_outputs()
+        self.decoder.run_with_iobinding(b, self._ro_prefill if self.cuda_graph else None)
         if not self.inplace:
-            self._scatter_rows(outs[1:], 0, s)
-        logits = outs[-1 if self.inplace else 0].numpy()[0]
+            self._scatter_rows(b.get_outputs()[-2 * self.layers:], 0, s)
+        logits = self.step_out["logits"].numpy()[0]
+        if self.selects:
+            self.first_token = int(self.step_out["next_token"].numpy()[0])
         b.clear_binding_outputs()
         if self.inplace:
             self._bind_caches()
@@ -285,16 +347,21 @@ class OrtSession:
         return logits
 
     def _step_cuda(self, token_id, pos, cos, sin) -> np.ndarray:
+        self._run_step_cuda(token_id, pos, cos, sin)
+        return self.step_out["logits"].numpy()[0]
+
+    def _run_step_cuda(self, token_id, pos, cos, sin) -> None:
         self.h_ids[0, 0], self.h_cos[0, 0], self.h_sin[0, 0], self.h_pos[0] = token_id, cos, sin, pos
         self.step_in["input_ids"].update_inplace(self.h_ids)
         self.step_in["cos"].update_inplace(self.h_cos)
         self.step_in["sin"].update_inplace(self.h_sin)
         if self.inplace:
-            self.h_seq[0], self.h_total[...] = pos, pos + 1
+            # total_sequence_length is an upper bound read from host memory: under a CUDA graph it is
+            # baked into the capture, so there it stays at the cache length (seqlens_k carries the truth)
+            self.h_seq[0], self.h_total[...] = pos, (self.max_len if self.cuda_graph else pos + 1)
             self.step_in["seqlens_k"].update_inplace(self.h_seq)
-            self.decoder.run_with_iobinding(self.binding)
+            self.decoder.run_with_iobinding(self.binding, self._ro_step if self.cuda_graph else None)
         else:
             self.step_in["past_len"].update_inplace(self.h_pos)
             self.decoder.run_with_iobinding(self.binding)
             self._scatter_rows(self.step_news, pos, 1)
-        return self.step_out["logits"].numpy()[0]
