@@ -194,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     from edgeocr.check import add_arguments as add_check_arguments
     add_check_arguments(c)
     sub.add_parser("tasks", help="list the official task prompts")
+    tb = sub.add_parser("build", help="build TensorRT engines for an artifact, on the target device")
+    tb.add_argument("artifact", help="artifact directory (masked attention; FP16, or INT8 with Q/DQ)")
+    tb.add_argument("--flavour", choices=["auto", "tensorrt", "tensorrt_rtx"], default="auto",
+                    help="full TensorRT (JetPack, x86) or TensorRT-RTX (RTX cards); auto tries them in that order")
+    tb.add_argument("--opt-level", type=int, default=3, help="builder optimization level 0-5 (default 3)")
+    tb.add_argument("--workspace-mib", type=int, default=2048)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -203,6 +209,18 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     if args.cmd == "bench":
         return _bench(args)
+    if args.cmd == "build":
+        from edgeocr.trt_build import BuildOptions, build
+        try:
+            rec = build(args.artifact, BuildOptions(flavour=args.flavour, opt_level=args.opt_level,
+                                                    workspace_mib=args.workspace_mib),
+                        progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        except EdgeOCRError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_ERROR
+        for g, e in rec["engines"].items():
+            print(f"{e['bytes'] / 2**20:10.2f} MiB  {e['file']}  ({e['build_seconds']:.1f} s)")
+        return EXIT_OK
     if args.cmd == "check":
         from edgeocr.check import main as check_main
         return check_main(args)

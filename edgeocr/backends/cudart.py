@@ -43,6 +43,25 @@ class CudaRT:
         if rc != 0:
             raise BackendError(f"cudaDeviceSynchronize failed with CUDA error {rc}")
 
+    def device_info(self, device: int = 0) -> dict:
+        """{"name", "compute_capability"} of `device`; raises BackendError when there is no GPU."""
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        for attr, out in ((75, major), (76, minor)):     # cudaDevAttrComputeCapabilityMajor / Minor
+            rc = self.lib.cudaDeviceGetAttribute(ctypes.byref(out), attr, device)
+            if rc != 0:
+                raise BackendError(f"no CUDA device {device} (CUDA error {rc})")
+        name = "unknown"
+        try:                                                # the name comes from the driver API
+            drv = ctypes.CDLL("libcuda.so.1")
+            buf = ctypes.create_string_buffer(256)
+            dev = ctypes.c_int()
+            if drv.cuInit(0) == 0 and drv.cuDeviceGet(ctypes.byref(dev), device) == 0 \
+                    and drv.cuDeviceGetName(buf, 256, dev) == 0:
+                name = buf.value.decode(errors="replace")
+        except OSError:
+            pass
+        return {"name": name, "compute_capability": f"{major.value}.{minor.value}"}
+
     def mem_info(self) -> tuple[int, int]:
         free, total = ctypes.c_size_t(), ctypes.c_size_t()
         self.lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total))

@@ -1,0 +1,72 @@
+"""`edgeocr build` with TensorRT-RTX, which builds engines ahead of time without a GPU: real engines from
+the tiny artifacts (FP32 and INT8 with explicit Q/DQ) on this CPU-only machine, the recorded build
+report, and the version/GPU guard.  Running the engines needs an RTX GPU (not available here)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgeocr.errors import BackendError
+from edgeocr.trt_build import BuildOptions, build, check_compatible, import_trt
+
+CALIB = Path(__file__).resolve().parents[1] / "calibration_data" / "calib"
+
+
+def _copy(art, tmp_path, name):
+    dst = tmp_path / name
+    shutil.copytree(art, dst)
+    return dst
+
+
+def test_build_fp32_engines_via_cli(art_a, tmp_path):
+    art = _copy(art_a, tmp_path, "a")
+    r = subprocess.run([sys.executable, "-m", "edgeocr", "build", str(art), "--flavour", "tensorrt_rtx"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = json.loads((art / "engines.json").read_text())
+    trt, _ = import_trt("tensorrt_rtx")
+    assert rec["flavour"] == "tensorrt_rtx" and rec["tensorrt_version"] == trt.__version__
+    for g in ("vision", "decoder"):
+        e = rec["engines"][g]
+        assert (art / e["file"]).stat().st_size == e["bytes"] > 100_000
+        assert e["qdq_layers"] == 0 and e["network_layers"] > 50
+    # one static vision profile; prefill (S up to max_prefill, all image rows) and decode (S = 1) profiles
+    assert len(rec["engines"]["vision"]["profiles"]) == 1
+    pre, dec = rec["engines"]["decoder"]["profiles"]
+    assert pre["input_ids"][2] == [1, 1400] and dec["input_ids"] == [[1, 1]] * 3
+    assert "decoder.engine" in r.stdout
+
+
+def test_build_int8_engines_keep_the_qdq(art_a, tmp_path):
+    from quantize.int8 import Int8Options, build_int8
+    art = tmp_path / "int8"
+    import onnx
+    build_int8(art_a, CALIB, art, Int8Options(calib_images=6, holdout_images=2, decode_tokens=6))
+    rec = build(art, BuildOptions(flavour="tensorrt_rtx"), progress=lambda _: None)
+    assert rec["precision"] == "int8"
+    for g in ("vision", "decoder"):
+        ops = [n.op_type for n in onnx.load(str(art / f"{g}.onnx"), load_external_data=False).graph.node]
+        n_dq = ops.count("DequantizeLinear")
+        assert n_dq > 0 and rec["engines"][g]["network_layer_types"]["DEQUANTIZE"] == n_dq   # every Q/DQ parsed
+
+
+def test_gqa_flavour_is_refused_with_the_fix(gqa_arts):
+    with pytest.raises(BackendError, match="--attention masked"):
+        build(gqa_arts["a"], BuildOptions(flavour="tensorrt_rtx"))
+
+
+def test_version_and_gpu_guard():
+    rec = {"flavour": "tensorrt", "tensorrt_version": "10.3.0", "gpu": {"name": "Orin", "compute_capability": "8.7"}}
+    check_compatible(rec, "10.3.0", {"name": "Orin", "compute_capability": "8.7"})
+    with pytest.raises(BackendError, match="rebuild them here"):
+        check_compatible(rec, "10.7.0", {"name": "Orin", "compute_capability": "8.7"})
+    with pytest.raises(BackendError, match="rebuild them here"):
+        check_compatible(rec, "10.3.0", {"name": "NVIDIA GeForce RTX 4090 D", "compute_capability": "8.9"})
+    with pytest.raises(BackendError, match="unknown TensorRT flavour"):
+        import_trt("tensorrt-llm")
