@@ -322,6 +322,40 @@ def _acc_params(opts: Int8Options):
     return AdvancedAccuracyRestorerParameters(max_num_iterations=opts.max_reverted)
 
 
+def store_large_fp32_as_fp16(model, min_bytes: int = 8 << 20, base_dir: Path | None = None) -> list[str]:
+    """Store big FP32 weights kept out of INT8 (the tied embedding / lm_head: 472 MiB in the real model) as
+    FP16 on disk, each followed by a Cast back to FP32, so the artifact shrinks while the graph's
+    arithmetic stays FP32 (ONNX Runtime folds the Cast once at load).  Returns the converted names."""
+    import onnx
+    from onnx import TensorProto, external_data_helper, helper, numpy_helper
+
+    done, keep = [], []
+    casts = []
+    for init in model.graph.initializer:
+        if init.data_type == TensorProto.FLOAT and int(np.prod(init.dims)) * 4 >= min_bytes:
+            if external_data_helper.uses_external_data(init):
+                if base_dir is None:
+                    raise ValueError(f"{init.name} is stored externally; pass base_dir")
+                external_data_helper.load_external_data_for_tensor(init, str(base_dir))
+            arr = numpy_helper.to_array(init)
+            half = numpy_helper.from_array(arr.astype(np.float16), init.name + "_fp16")
+            keep.append(half)
+            casts.append(helper.make_node("Cast", [half.name], [init.name], to=TensorProto.FLOAT,
+                                          name=init.name + "_to_fp32"))
+            done.append(init.name)
+        else:
+            keep.append(init)
+    if done:
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)
+        nodes = casts + list(model.graph.node)          # the casts first: topological order holds
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        if model.ByteSize() < 2**31 - 1:              # protobuf's limit; bigger graphs are checked on disk
+            onnx.checker.check_model(model)
+    return done
+
+
 def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Options = Int8Options(),
                progress: Callable[[str], None] | None = None) -> mf.Manifest:
     """FP32 artifact + calibration images -> INT8 artifact (explicit Q/DQ)."""
@@ -348,6 +382,9 @@ def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Option
     reports = {}
     for kind, data in (("vision", vis), ("decoder", dec)):
         q, rep = quantize_graph(fp32_artifact / src.graphs[kind]["file"], kind, data[:c], data[c:c + h], opts, say)
+        rep["stored_fp16"] = store_large_fp32_as_fp16(q, base_dir=fp32_artifact)
+        if rep["stored_fp16"]:
+            say(f"{kind}: {', '.join(rep['stored_fp16'])} stored as FP16 (computed in FP32)")
         _save(q, out / f"{kind}.onnx")
         reports[kind] = rep
         say(f"{kind}: {rep['quantized']}/{rep['eligible']} weight layers INT8, {len(rep['kept_fp'])} kept FP")

@@ -114,3 +114,35 @@ def test_int8_of_the_gqa_flavour(gqa_arts, tmp_path):
     r, lq = run_recorded(q, img, task="spotting", n=1)
     c = float((lf[0] * lq[0]).sum() / (np.linalg.norm(lf[0]) * np.linalg.norm(lq[0])))
     assert c > 0.8, c
+
+
+def test_large_kept_fp32_weights_stored_as_fp16(tmp_path):
+    """The tied embedding stays FP32 arithmetic but is stored FP16 (+ Cast): half the bytes on disk, the
+    same outputs for bf16-origin weights (bf16 values are exact in FP16), still a valid graph."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    from quantize.export import _save
+    from quantize.int8 import store_large_fp32_as_fp16
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((512, 64)).astype(np.float32)
+    w = (w.view(np.uint32) & 0xFFFF0000).view(np.float32)          # bf16-representable, like a real checkpoint
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["W", "ids"], ["emb"]),
+         helper.make_node("MatMul", ["emb", "Wt"], ["logits"])],
+        "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [3, 512])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.ascontiguousarray(w.T), "Wt"),
+         numpy_helper.from_array(np.zeros(2, np.float32), "small")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    a = onnx.ModelProto()
+    a.CopyFrom(m)
+    _save(a, tmp_path / "a.onnx")
+    ids = np.array([3, 77, 500], np.int64)
+    ref = ort.InferenceSession(str(tmp_path / "a.onnx")).run(None, {"ids": ids})[0]
+    assert sorted(store_large_fp32_as_fp16(m, min_bytes=64 << 10)) == ["W", "Wt"]
+    _save(m, tmp_path / "b.onnx")
+    assert (tmp_path / "b.onnx.data").stat().st_size < 0.55 * (tmp_path / "a.onnx.data").stat().st_size
+    out = ort.InferenceSession(str(tmp_path / "b.onnx")).run(None, {"ids": ids})[0]
+    np.testing.assert_array_equal(out, ref)
+    assert {i.name for i in m.graph.initializer} == {"W_fp16", "Wt_fp16", "small"}
