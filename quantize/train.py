@@ -46,6 +46,8 @@ class TrainConfig:
     warmup: int = 150                 # linear warm-up steps
     weight_decay: float = 0.05
     reading_frac: float = 0.0         # share of random-line reading pages (reading_page) among the pages
+    curriculum: float = 0.0           # share of the run over which reading pages grow from large type and
+                                      # few lines to full pages, and their share falls from 0.9 to reading_frac
     seed: int = 0
     data_seed: int = 7000             # generator seed (calib uses 1001, eval 2002)
     tok_seed: int = 7099              # generator seed of the tokenizer's corpus
@@ -83,11 +85,13 @@ def canvas_target(rec: dict, lb, task: str) -> str:
     return "".join(out)
 
 
-def reading_page(index: int, seed: int) -> tuple[np.ndarray, dict]:
+def reading_page(index: int, seed: int, level: float = 1.0) -> tuple[np.ndarray, dict]:
     """A canvas of random lines (digits, Latin, the generator's CJK characters) in random fonts and sizes.
 
     No language prior can predict these lines, so they teach the encoder to read; the business documents
-    then teach layout and reading order.  Returns (canvas uint8 [S, S, 3], record with text and line boxes).
+    then teach layout and reading order.  `level` in [0, 1] is the curriculum: at 0 a few short lines in
+    large type (36-96 px), at 1 up to 600 characters at 12-44 px.  Returns (canvas uint8 [S, S, 3],
+    record with text and line boxes).
     """
     from PIL import Image, ImageDraw
 
@@ -101,8 +105,11 @@ def reading_page(index: int, seed: int) -> tuple[np.ndarray, dict]:
     bg = int(rng.integers(225, 256))
     img = Image.new("RGB", (CANVAS, CANVAS), (bg, bg, max(0, bg - int(rng.integers(0, 12)))))
     draw = ImageDraw.Draw(img)
-    size = int(np.exp(rng.uniform(np.log(12), np.log(44))))
-    y, lines, budget = int(rng.integers(8, 40)), [], int(rng.integers(120, 600))   # characters on the page
+    lv = min(1.0, max(0.0, level))
+    lo, hi = 36 + (12 - 36) * lv, 96 + (44 - 96) * lv                    # type size range, px
+    size = int(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+    budget = int(rng.integers(int(20 + 100 * lv), int(120 + 480 * lv)))   # characters on the page
+    y, lines = int(rng.integers(8, 40)), []
     while sum(len(ln["text"]) for ln in lines) < budget:
         size_l = max(10, int(size * rng.uniform(0.85, 1.2)))
         if y + size_l * 1.4 > CANVAS - 8:
@@ -143,11 +150,13 @@ def reading_page(index: int, seed: int) -> tuple[np.ndarray, dict]:
 
 
 def render(args) -> tuple[np.ndarray, str, str]:
-    """Worker: (index, generator seed, share of reading pages) -> (canvas uint8 [S, S, 3], task, target)."""
-    index, seed, reading_frac = args
+    """Worker: (index, generator seed, share of reading pages[, curriculum level]) -> (canvas uint8
+    [S, S, 3], task, target)."""
+    index, seed, reading_frac, *rest = args
+    level = rest[0] if rest else 1.0
     task = TASKS[index % len(TASKS)]
     if reading_frac and np.random.default_rng([seed, index, 3]).random() < reading_frac:
-        canvas, rec = reading_page(index, seed)
+        canvas, rec = reading_page(index, seed, level)
         return canvas, task, canvas_target(rec, _IDENTITY, task)
     from quantize.docgen import GenOptions, make_document
     img, rec = make_document(index, seed, GenOptions(degrade_prob=0.5))
@@ -317,7 +326,13 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
 
     def submit():                       # keep a few batches rendering ahead of the GPU
         nonlocal next_doc
-        jobs = [(next_doc + k, cfg.data_seed, cfg.reading_frac) for k in range(cfg.batch)]
+        frac, level = cfg.reading_frac, 1.0
+        if cfg.curriculum and total:
+            level = min(1.0, step / (cfg.curriculum * total))
+            frac = 0.9 + (cfg.reading_frac - 0.9) * level
+        elif cfg.curriculum:
+            level, frac = 0.0, 0.9                      # before the run is sized: the first stage
+        jobs = [(next_doc + k, cfg.data_seed, frac, level) for k in range(cfg.batch)]
         pending.append(pool.map_async(render, jobs) if pool else [render(j) for j in jobs])
         next_doc += cfg.batch
 
@@ -394,6 +409,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reading-frac", type=float, default=TrainConfig.reading_frac,
                     help="share of random-line reading pages among the training pages")
     ap.add_argument("--data-seed", type=int, default=TrainConfig.data_seed)
+    ap.add_argument("--curriculum", type=float, default=TrainConfig.curriculum,
+                    help="share of the run spent growing reading pages from large type to full pages")
     ap.add_argument("--gpu-seconds", type=float, help="size the run to this much training time (sets --steps)")
     ap.add_argument("--budget-s", type=float, help="stop this invocation after S seconds, state saved")
     ap.add_argument("--eval-images", type=int, default=TrainConfig.eval_images)
@@ -405,7 +422,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="very small sizes (tests)")
     args = ap.parse_args(argv)
     cfg = TrainConfig(steps=args.steps or TrainConfig.steps, batch=args.batch, reading_frac=args.reading_frac,
-                      data_seed=args.data_seed, workers=args.workers, eval_every=args.eval_every,
+                      data_seed=args.data_seed, curriculum=args.curriculum, workers=args.workers, eval_every=args.eval_every,
                       eval_images=args.eval_images)
     if args.tiny:
         cfg = TrainConfig(**dict(asdict(cfg), hidden=64, layers=1, heads=2, kv_heads=1, head_dim=32, intermediate=128,

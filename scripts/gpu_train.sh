@@ -11,7 +11,7 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 extra=(--gpu-seconds "${GPU_SECONDS:-840}")
 [ "${RESUME:-0}" = 1 ] && extra=(--resume)
 python3 -m quantize.train /tmp/train "${extra[@]}" --budget-s "${BUDGET_S:-520}" --batch "${BATCH:-32}" \
-  --workers 15 --eval-every 0 --device cuda 2>&1 | grep -v "Writing model shards" | tee -a "$OUT/train.log"
+  --workers 15 --eval-every 0 --device cuda ${EXTRA:-} 2>&1 | grep -v "Writing model shards" | tee -a "$OUT/train.log"
 cp /tmp/train/train_log.jsonl /tmp/train/train_config.json "$OUT/" 2>/dev/null
 tar -C /tmp/train -czf "$OUT/checkpoint.tgz" checkpoint 2>/dev/null
 ls -la "$OUT"
