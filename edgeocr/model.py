@@ -56,9 +56,12 @@ def open_session(artifact: Path, m: Manifest, backend: str, device: str, threads
     if backend == "onnxruntime":
         from edgeocr.backends.ort import OrtSession
         return OrtSession(artifact, m, device=device, threads=threads, cuda_graph=cuda_graph)
-    if backend == "tensorrt":
-        raise BackendError("the TensorRT backend is not part of this build yet; use backend='onnxruntime'")
-    raise BackendError(f"unknown backend {backend!r}; use 'onnxruntime'")
+    if backend in ("tensorrt", "tensorrt_rtx"):
+        if device != "cuda":
+            raise BackendError("the TensorRT backend runs on a GPU: use device='cuda'")
+        from edgeocr.backends.trt import TrtSession
+        return TrtSession(artifact, m, flavour="auto" if backend == "tensorrt" else backend)
+    raise BackendError(f"unknown backend {backend!r}; use 'onnxruntime' or 'tensorrt'")
 
 
 class OCRModel:

@@ -70,3 +70,35 @@ def test_version_and_gpu_guard():
         check_compatible(rec, "10.3.0", {"name": "NVIDIA GeForce RTX 4090 D", "compute_capability": "8.9"})
     with pytest.raises(BackendError, match="unknown TensorRT flavour"):
         import_trt("tensorrt-llm")
+
+
+def test_trt_buffer_plan_binds_every_tensor_once(art_a, tmp_path):
+    """The TensorRT session's device-buffer plan, from the manifest: every engine tensor of every context
+    is bound, shapes agree with the graphs, the caches and the image rows are shared where contexts meet,
+    and the KV bytes are what the manifest says.  (The session itself cannot run here: no GPU.)"""
+    from edgeocr.backends.trt import plan_buffers
+    from edgeocr.manifest import read_manifest
+    m = read_manifest(art_a)
+    plan = plan_buffers(m)
+    io = {g: {t["name"]: t["shape"] for t in m.graphs[g]["inputs"] + m.graphs[g]["outputs"]} for g in ("vision", "decoder")}
+    assert set(plan.bindings["vision"]) == set(io["vision"])
+    for ctx in ("prefill", "decode"):
+        assert set(plan.bindings[ctx]) == set(io["decoder"]), ctx
+        for tensor, buf in plan.bindings[ctx].items():
+            want, have = io["decoder"][tensor], plan.buffers[buf].shape
+            assert len(want) == len(have) and all(w == h for w, h in zip(want, have) if isinstance(w, int)), tensor
+    pre, dec = plan.bindings["prefill"], plan.bindings["decode"]
+    assert all(pre[f"past_key_{i}"] == dec[f"past_key_{i}"] for i in range(m.kv_cache["layers"]))
+    assert plan.bindings["vision"]["image_embeds"] == pre["image_embeds"] != dec["image_embeds"]
+    assert pre["new_key_0"] != dec["new_key_0"] and pre["logits"] == dec["logits"]
+    kv = sum(b.nbytes for n, b in plan.buffers.items() if n.startswith("cache_"))
+    assert kv == m.kv_cache["bytes_per_token"] * m.kv_cache["max_len"]
+    assert plan.fixed_shapes["decode"]["input_ids"] == (1, 1)
+
+
+def test_trt_session_without_engines_says_build(art_a):
+    from edgeocr.model import OCRModel
+    with pytest.raises(BackendError, match="edgeocr build"):
+        OCRModel(art_a, backend="tensorrt", device="cuda")
+    with pytest.raises(BackendError, match="device='cuda'"):
+        OCRModel(art_a, backend="tensorrt", device="cpu")

@@ -1,6 +1,7 @@
-"""Minimal CUDA runtime calls through ctypes (no torch, no cupy): device-to-device 2-D copies.
+"""Minimal CUDA runtime calls through ctypes (no torch, no cupy, no pycuda).
 
-Used by the ONNX Runtime CUDA session to write new KV rows into the static cache in place.
+Used by the ONNX Runtime CUDA session (2-D copies of new KV rows into the static cache) and by the
+TensorRT session (allocation, a stream, async copies, CUDA-graph capture and replay).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import sys
 from edgeocr.errors import BackendError
 
 _MEMCPY_H2D = 1   # cudaMemcpyHostToDevice
+_MEMCPY_D2H = 2   # cudaMemcpyDeviceToHost
 _MEMCPY_D2D = 3   # cudaMemcpyDeviceToDevice
+_CAPTURE_THREAD_LOCAL = 1   # cudaStreamCaptureModeThreadLocal
 
 
 class CudaRT:
@@ -32,6 +35,62 @@ class CudaRT:
         rc = self.lib.cudaMemcpy2D(dst, dpitch, src, spitch, width, height, _MEMCPY_D2D)
         if rc != 0:
             raise BackendError(f"cudaMemcpy2D failed with CUDA error {rc}")
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            raise BackendError(f"{what} failed with CUDA error {rc}")
+
+    def malloc(self, nbytes: int) -> int:
+        ptr = ctypes.c_void_p()
+        self._check(self.lib.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(max(1, nbytes))), f"cudaMalloc({nbytes})")
+        return int(ptr.value)
+
+    def free(self, ptr: int) -> None:
+        self.lib.cudaFree(ctypes.c_void_p(ptr))
+
+    def memset(self, ptr: int, nbytes: int) -> None:
+        self._check(self.lib.cudaMemset(ctypes.c_void_p(ptr), 0, ctypes.c_size_t(nbytes)), "cudaMemset")
+
+    def stream_create(self) -> int:
+        s = ctypes.c_void_p()
+        self._check(self.lib.cudaStreamCreate(ctypes.byref(s)), "cudaStreamCreate")
+        return int(s.value)
+
+    def stream_sync(self, stream: int) -> None:
+        self._check(self.lib.cudaStreamSynchronize(ctypes.c_void_p(stream)), "cudaStreamSynchronize")
+
+    def memcpy_async(self, dst: int, src: int, nbytes: int, kind: str, stream: int) -> None:
+        k = {"htod": _MEMCPY_H2D, "dtoh": _MEMCPY_D2H, "dtod": _MEMCPY_D2D}[kind]
+        self._check(self.lib.cudaMemcpyAsync(ctypes.c_void_p(dst), ctypes.c_void_p(src), ctypes.c_size_t(nbytes),
+                                             k, ctypes.c_void_p(stream)), f"cudaMemcpyAsync {kind}")
+
+    def memcpy2d_async(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
+                       stream: int) -> None:
+        self._check(self.lib.cudaMemcpy2DAsync(ctypes.c_void_p(dst), ctypes.c_size_t(dpitch), ctypes.c_void_p(src),
+                                               ctypes.c_size_t(spitch), ctypes.c_size_t(width),
+                                               ctypes.c_size_t(height), _MEMCPY_D2D, ctypes.c_void_p(stream)),
+                    "cudaMemcpy2DAsync")
+
+    def host_alloc(self, nbytes: int) -> int:
+        """Pinned host memory (async copies from pageable memory are staged synchronously)."""
+        ptr = ctypes.c_void_p()
+        self._check(self.lib.cudaMallocHost(ctypes.byref(ptr), ctypes.c_size_t(max(1, nbytes))), "cudaMallocHost")
+        return int(ptr.value)
+
+    def graph_capture_begin(self, stream: int) -> None:
+        self._check(self.lib.cudaStreamBeginCapture(ctypes.c_void_p(stream), _CAPTURE_THREAD_LOCAL),
+                    "cudaStreamBeginCapture")
+
+    def graph_capture_end(self, stream: int) -> int:
+        """End the capture and instantiate it; returns the executable graph."""
+        graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
+        self._check(self.lib.cudaStreamEndCapture(ctypes.c_void_p(stream), ctypes.byref(graph)), "cudaStreamEndCapture")
+        self._check(self.lib.cudaGraphInstantiate(ctypes.byref(exe), graph, ctypes.c_ulonglong(0)),
+                    "cudaGraphInstantiate")
+        return int(exe.value)
+
+    def graph_launch(self, exe: int, stream: int) -> None:
+        self._check(self.lib.cudaGraphLaunch(ctypes.c_void_p(exe), ctypes.c_void_p(stream)), "cudaGraphLaunch")
 
     def memcpy_htod(self, dst: int, src: int, nbytes: int) -> None:
         rc = self.lib.cudaMemcpy(dst, src, nbytes, _MEMCPY_H2D)
