@@ -37,8 +37,9 @@ class ExportOptions:
     precision: str = "fp32"                      # "fp32" or "fp16" (weights and activations; norms/softmax/RoPE fp32)
     pad_value: int = preprocess.PAD_VALUE        # letterbox fill, 0..255 (white for documents)
     device: str = "cpu"                          # where torch traces the graphs ("cuda" is much faster for big models)
-    # decoder attention: "masked" = portable ONNX ops over the whole cache, new K/V rows out (any runtime,
-    # TensorRT); "gqa" = ONNX Runtime's GroupQueryAttention, cache updated in place, live length only
+    # "masked" = portable ONNX ops (any runtime, TensorRT): decoder over the whole cache, new K/V rows out;
+    # "gqa" = ONNX Runtime's fused attention ops: GroupQueryAttention in the decoder (cache updated in place,
+    # live length only) and MultiHeadAttention in the vision encoder (flash attention on CUDA)
     attention: str = "masked"
     # greedy selection (repetition penalty + argmax) inside the decoder graph: one token id read back per step
     select_on_device: bool = False
@@ -136,7 +137,7 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
     n_img = (grid // v.spatial_merge_size) * (grid // v.spatial_merge_size + 1) + 2
 
     say(f"exporting vision graph [1, 3, {S}, {S}] -> [{n_img}, {t.hidden_size}] ({opts.precision})")
-    ve = VisionEncoder(spec, w, S, dtype).eval()
+    ve = VisionEncoder(spec, w, S, dtype, fused_attention=opts.attention == "gqa").eval()
     _export(ve, (torch.zeros(1, 3, S, S),), out / "vision.onnx", ["pixels"], ["image_embeds"], None, opts.device)
     del ve
 
@@ -178,7 +179,8 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
         source={"checkpoint": str(ckpt.resolve()), "sha256": src_hash},
         precision=opts.precision,
         model=spec.to_dict(),
-        graphs={"vision": {"file": "vision.onnx", **_io(out / "vision.onnx")},
+        graphs={"vision": {"file": "vision.onnx", **_io(out / "vision.onnx"),
+                           "attention": "mha" if opts.attention == "gqa" else "masked"},
                 "decoder": {"file": "decoder.onnx", **_io(out / "decoder.onnx"),
                             "max_prefill_len": opts.max_prefill_len, "attention": opts.attention,
                             "select_on_device": opts.select_on_device}},

@@ -25,6 +25,28 @@ from quantize.checkpoint import ModelSpec
 NEG_INF = -1.0e9   # additive mask value; scores are float32
 
 
+class MultiHeadAttention(torch.autograd.Function):
+    """ONNX Runtime's com.microsoft MultiHeadAttention (fused flash / memory-efficient attention on CUDA)
+    for the vision encoder's full attention: q, k, v [1, N, C] -> [1, N, C].  The eager forward is the
+    same computation in torch (tracing, tests)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, num_heads: int):
+        if torch.jit.is_tracing():
+            return torch.zeros_like(q)
+        b, n, c = q.shape
+        d = c // num_heads
+        qh, kh, vh = (t.reshape(b, n, num_heads, d).transpose(1, 2) for t in (q, k, v))
+        s = torch.matmul(qh, kh.transpose(-1, -2)).float() * (d ** -0.5)
+        return torch.matmul(torch.softmax(s, dim=-1).to(q.dtype), vh).transpose(1, 2).reshape(b, n, c)
+
+    @staticmethod
+    def symbolic(g, q, k, v, num_heads):
+        out = g.op("com.microsoft::MultiHeadAttention", q, k, v, num_heads_i=num_heads)
+        out.setType(q.type())
+        return out
+
+
 class GroupQueryAttention(torch.autograd.Function):
     """ONNX Runtime's com.microsoft GroupQueryAttention over a static, shared KV buffer (attention="gqa").
 
@@ -93,9 +115,11 @@ def resized_position_table(pos_weight: np.ndarray, edge: int, gh: int, gw: int) 
 
 
 class VisionEncoder(nn.Module):
-    def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], image_size: int, dtype=torch.float32):
+    def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], image_size: int, dtype=torch.float32,
+                 fused_attention: bool = False):
         super().__init__()
         v = spec.vision
+        self.fused = fused_attention
         self.v, self.eps = v, v.eps
         self.grid = image_size // v.patch_size                     # 64 for 1024 / 16
         if self.grid * v.patch_size != image_size or self.grid % v.spatial_merge_size:
@@ -138,11 +162,15 @@ class VisionEncoder(nn.Module):
         x = x.reshape(1, c, n).transpose(1, 2) + self.pos                               # [1, N, C] raster
         for m in self.layers:
             h = layer_norm(x, m.input_layernorm_w, m.input_layernorm_b, self.eps)
-            qkv = F.linear(h, m.qkv_w, m.qkv_b).reshape(1, n, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
-            q, k, v = qkv[0], qkv[1], qkv[2]                                              # [1, h, N, hd]
-            s = torch.matmul(q, k.transpose(-1, -2)).float() * (self.hd ** -0.5)
-            a = torch.softmax(s, dim=-1).to(dt)
-            o = torch.matmul(a, v).transpose(1, 2).reshape(1, n, c)
+            if self.fused:
+                q, k, v = F.linear(h, m.qkv_w, m.qkv_b).split(c, dim=-1)                    # [1, N, C] each
+                o = MultiHeadAttention.apply(q, k, v, self.heads)
+            else:
+                qkv = F.linear(h, m.qkv_w, m.qkv_b).reshape(1, n, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
+                q, k, v = qkv[0], qkv[1], qkv[2]                                          # [1, h, N, hd]
+                s = torch.matmul(q, k.transpose(-1, -2)).float() * (self.hd ** -0.5)
+                a = torch.softmax(s, dim=-1).to(dt)
+                o = torch.matmul(a, v).transpose(1, 2).reshape(1, n, c)
             x = x + F.linear(o, m.o_w, m.o_b)
             h = layer_norm(x, m.post_attention_layernorm_w, m.post_attention_layernorm_b, self.eps)
             x = x + F.linear(gelu_erf(F.linear(h, m.fc1_w, m.fc1_b)), m.fc2_w, m.fc2_b)

@@ -109,12 +109,17 @@ def test_logits_teacher_forced_and_tokens_match(pair, models, seed):
 
 @pytest.mark.parametrize("which", ["a", "b"])
 def test_gqa_flavour_matches_reference_in_place(which, ckpt_a, ckpt_b, gqa_arts):
-    """attention="gqa" (GroupQueryAttention, present_* bound onto past_*): same logits at every step and
-    the same tokens as transformers; the cache rows are written by the graph itself (the host copies none)."""
+    """attention="gqa" (MultiHeadAttention in the vision graph; GroupQueryAttention with present_* bound
+    onto past_* in the decoder): same image embeddings, logits at every step and tokens as transformers;
+    the cache rows are written by the graph itself (the host copies none)."""
     ckpt = ckpt_a if which == "a" else ckpt_b
     model = OCRModel(gqa_arts[which])
     assert model.manifest.graphs["decoder"]["attention"] == "gqa" and model.session.inplace
+    assert model.manifest.graphs["vision"]["attention"] == "mha"
     image = make_image(4, (700, 520))
+    pixels, _ = runtime_inputs(model, image)
+    vis = model.session.encode_image(pixels)              # fused MultiHeadAttention in the vision graph
+    assert np.abs(vis - ref.image_embeds(ref.load(ckpt), pixels)).max() < VISION_TOL
     res, ours = run_recorded(model, image, task="spotting")
     pixels, ids = runtime_inputs(model, image, task="spotting")
     hf = ref.load(ckpt)
