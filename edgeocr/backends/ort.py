@@ -168,16 +168,8 @@ class OrtSession:
         self.past_len[0], self.seqlens_k[0], self.total_len[...] = 0, s - 1, s
         self._bind_common(np.ascontiguousarray(input_ids.reshape(1, s), np.int64), embeds,
                           np.ascontiguousarray(cos[None], np.float32), np.ascontiguousarray(sin[None], np.float32))
-        b, ort = self.binding, self._ort
-        b.clear_binding_outputs()
-        b.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self.step_logits))
-        if self.selects:
-            b.bind_ortvalue_output("next_token", ort.OrtValue.ortvalue_from_numpy(self.next_token))
-        if self.inplace:
-            self._bind_caches()
-        else:
-            for name in self._out_names()[1:]:
-                b.bind_output(name, "cpu")
+        b = self.binding
+        self._bind_outputs(step=False)
         self.decoder.run_with_iobinding(b)
         if not self.inplace:
             news = b.get_outputs()[-2 * self.layers:]          # the new rows, in _out_names order
@@ -194,7 +186,9 @@ class OrtSession:
         return (["logits"] + [f"{kind}_key_{i}" for i in range(self.layers)]
                 + [f"{kind}_value_{i}" for i in range(self.layers)])
 
-    def _bind_step_outputs(self) -> None:
+    def _bind_outputs(self, step: bool) -> None:
+        """logits (+ next_token) into the preallocated host arrays; the caches in place (gqa), or the new
+        rows into the step buffers (decode) / fresh arrays of the prompt's length (prefill)."""
         ort, b = self._ort, self.binding
         b.clear_binding_outputs()
         b.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self.step_logits))
@@ -202,9 +196,15 @@ class OrtSession:
             b.bind_ortvalue_output("next_token", ort.OrtValue.ortvalue_from_numpy(self.next_token))
         if self.inplace:
             self._bind_caches()
-        else:
-            for j, name in enumerate(self._out_names()[1:]):
+            return
+        for j, name in enumerate(self._out_names()[1:]):
+            if step:
                 b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(self.step_new[j]))
+            else:
+                b.bind_output(name, "cpu")
+
+    def _bind_step_outputs(self) -> None:
+        self._bind_outputs(step=True)
         self._bind_common(self.step_ids, self.no_image, self.step_cos, self.step_sin)
 
     def step(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
