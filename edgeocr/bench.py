@@ -52,8 +52,8 @@ def step_copies(session) -> dict:
     item = np.dtype(session.kv_dtype).itemsize
     h2d = 8 + 2 * 4 * hd                                          # token id, cos, sin
     h2d += 4 if session.inplace else 8                            # seqlens_k | past_len
-    d2h = 8 if getattr(session, "selects", False) else 4 * session.vocab_size   # token id | logits
-    if getattr(session, "selects", False):
+    d2h = 8 if session.selects else 4 * session.vocab_size        # token id | logits
+    if session.selects:
         h2d += 4                                                  # one 'seen' flag
     d2d = 0 if session.inplace else 2 * layers * kvh * hd * item  # new K/V rows into the cache
     return {"host_to_device": h2d, "device_to_host": d2h, "cache_rows_device_to_device": d2d}

@@ -110,11 +110,9 @@ def greedy(session: Session, prompt_ids: np.ndarray, cos: np.ndarray, sin: np.nd
     rp = None if on_device else RepetitionPenalty(session.vocab_size, penalty, prompt_ids)
     stops = set() if opts.ignore_stop else set(stop_ids)
     next_check = opts.tail_min_chars
-    tok = -1
+    tok = session.first_token if on_device else -1          # on device: each step returns the next id
     for n in range(opts.max_new_tokens):
-        if on_device:
-            tok = session.first_token if n == 0 else tok
-        else:
+        if not on_device:
             tok = int(np.argmax(rp(logits)))
         if n == 0:
             st.first_token_ms = (time.perf_counter() - t1) * 1e3

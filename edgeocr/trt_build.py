@@ -92,7 +92,6 @@ def _progress_monitor(trt, say):
     class Monitor(trt.IProgressMonitor):
         def __init__(self):
             trt.IProgressMonitor.__init__(self)
-            self.last = 0.0
 
         def phase_start(self, parent_phase, phase_name, num_steps):
             if parent_phase is None:        # top-level phases only; nested ones repeat per layer
@@ -150,9 +149,8 @@ def build_graph(trt, onnx_path: Path, engine_path: Path, profiles, opts: BuildOp
     os.replace(tmp, engine_path)
     if cache is not None:
         cache_path.write_bytes(memoryview(cfg.get_timing_cache().serialize()))
-    layers = _inspect(trt, logger, engine_path)
-    return {"engine_layers": layers,"file": engine_path.name, "bytes": engine_path.stat().st_size, "build_seconds": round(seconds, 2),
-            "network_layers": net.num_layers, "network_layer_types": dict(sorted(layer_types.items())),
+    return {"file": engine_path.name, "bytes": engine_path.stat().st_size, "build_seconds": round(seconds, 2),
+            "engine_layers": _inspect(trt, logger, engine_path), "network_layers": net.num_layers, "network_layer_types": dict(sorted(layer_types.items())),
             "qdq_layers": layer_types.get("QUANTIZE", 0) + layer_types.get("DEQUANTIZE", 0),
             "profiles": [{k: [list(s) for s in v] for k, v in prof.items() if k in ("input_ids", "image_embeds")}
                          for prof in profiles]}

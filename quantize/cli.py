@@ -53,6 +53,15 @@ def _build(args) -> None:
     _progress(f"{args.precision} artifact built in {time.perf_counter() - t0:.0f} s")
 
 
+def _graph_flavour_args(p) -> None:
+    p.add_argument("--select-on-device", action="store_true",
+                   help="repetition penalty + argmax inside the decoder graph: one token id read back per step")
+    p.add_argument("--attention", choices=["masked", "gqa"], default="masked",
+                   help="masked = portable ONNX ops (any runtime, TensorRT); gqa = ONNX Runtime's fused attention: "
+                        "MultiHeadAttention in the vision graph, GroupQueryAttention in the decoder (cache "
+                        "updated in place, reads the live length only)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m quantize", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,11 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--rope-layout", choices=["A", "B"], default="B",
                    help="XD-RoPE layout: B = transformers >= 5.13 (default), A = vLLM / Tencent training code")
     e.add_argument("--device", default="cpu", help="torch device used for tracing (cuda speeds up big models)")
-    e.add_argument("--select-on-device", action="store_true",
-                   help="repetition penalty + argmax inside the decoder graph: one token id read back per step")
-    e.add_argument("--attention", choices=["masked", "gqa"], default="masked",
-                   help="decoder attention: masked = portable ONNX ops, new K/V rows out (any runtime, TensorRT); "
-                        "gqa = ONNX Runtime GroupQueryAttention, cache updated in place, reads the live length only")
+    _graph_flavour_args(e)
     b = sub.add_parser("build", help="checkpoint -> FP16 artifact, or checkpoint + calibration images -> INT8 artifact")
     b.add_argument("checkpoint", type=Path)
     b.add_argument("out", type=Path)
@@ -84,11 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--max-prefill-len", type=int, default=2048)
     b.add_argument("--rope-layout", choices=["A", "B"], default="B")
     b.add_argument("--device", default="cpu", help="torch device used for tracing")
-    b.add_argument("--select-on-device", action="store_true",
-                   help="repetition penalty + argmax inside the decoder graph: one token id read back per step")
-    b.add_argument("--attention", choices=["masked", "gqa"], default="masked",
-                   help="decoder attention: masked = portable ONNX ops, new K/V rows out (any runtime, TensorRT); "
-                        "gqa = ONNX Runtime GroupQueryAttention, cache updated in place, reads the live length only")
+    _graph_flavour_args(b)
     t = sub.add_parser("tiny", help="make a tiny random-weight HunyuanVL checkpoint (tests, demos)")
     t.add_argument("out", type=Path)
     t.add_argument("--config", choices=["tiny-a", "tiny-b"], default="tiny-a")

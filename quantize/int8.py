@@ -326,11 +326,9 @@ def store_large_fp32_as_fp16(model, min_bytes: int = 8 << 20, base_dir: Path | N
     """Store big FP32 weights kept out of INT8 (the tied embedding / lm_head: 472 MiB in the real model) as
     FP16 on disk, each followed by a Cast back to FP32, so the artifact shrinks while the graph's
     arithmetic stays FP32 (ONNX Runtime folds the Cast once at load).  Returns the converted names."""
-    import onnx
     from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
-    done, keep = [], []
-    casts = []
+    done, keep, casts = [], [], []
     for init in model.graph.initializer:
         if init.data_type == TensorProto.FLOAT and int(np.prod(init.dims)) * 4 >= min_bytes:
             if external_data_helper.uses_external_data(init):
@@ -350,17 +348,13 @@ def store_large_fp32_as_fp16(model, min_bytes: int = 8 << 20, base_dir: Path | N
         model.graph.initializer.extend(keep)
         nodes = casts + list(model.graph.node)          # the casts first: topological order holds
         del model.graph.node[:]
-        model.graph.node.extend(nodes)
-        if model.ByteSize() < 2**31 - 1:              # protobuf's limit; bigger graphs are checked on disk
-            onnx.checker.check_model(model)
+        model.graph.node.extend(nodes)                  # (validated when saved: export._save checks the file)
     return done
 
 
 def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Options = Int8Options(),
                progress: Callable[[str], None] | None = None) -> mf.Manifest:
     """FP32 artifact + calibration images -> INT8 artifact (explicit Q/DQ)."""
-    import onnx
-
     from edgeocr.dataset import load_dir
     from quantize.export import _save, _sha256
 
@@ -406,8 +400,7 @@ def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Option
             "seconds": round(time.perf_counter() - t0, 1), "graphs": reports}))
     mf.write_manifest(out, m)
     total = sum(v["bytes"] for v in m.files.values())
-    say(f"wrote {out} ({total / 2**20:.1f} MiB, {time.perf_counter() - t0:.0f} s)")
-    onnx.checker.check_model(str(out / "decoder.onnx"))
+    say(f"wrote {out} ({total / 2**20:.1f} MiB, {time.perf_counter() - t0:.0f} s)")   # graphs checked by _save
     return m
 
 

@@ -227,7 +227,8 @@ class Decoder(nn.Module):
         img = F.embedding(idx, image_embeds.to(self.embed.dtype))
         return torch.where(is_img.unsqueeze(-1), img, text)
 
-    def _mlp_and_head(self, m, x):
+    def _mlp(self, m, x):
+        """Post-attention norm + SwiGLU MLP, residual added."""
         h = rms_norm(x, m.ln2, self.t.rms_norm_eps)
         return x + F.linear(F.silu(F.linear(h, m.gate)) * F.linear(h, m.up), m.down)
 
@@ -256,7 +257,7 @@ class Decoder(nn.Module):
                                                   t.num_heads, kvh)
             keys.append(pk)
             values.append(pv)
-            x = self._mlp_and_head(m, x + F.linear(o, m.o))
+            x = self._mlp(m, x + F.linear(o, m.o))
         return (self._logits(x), *keys, *values)
 
     def forward(self, input_ids, image_embeds, cos, sin, past_len, *past):
@@ -271,13 +272,7 @@ class Decoder(nn.Module):
         L = t.num_layers
         s = input_ids.shape[1]
         kvh, g, d = t.num_kv_heads, self.g, t.head_dim
-        text = F.embedding(input_ids, self.embed)                                         # [1, S, H]
-        is_img = input_ids == self.image_token
-        idx = torch.clamp(torch.cumsum(is_img.to(torch.int64), dim=1) - 1, min=0)
-        last_row = torch.ones_like(image_embeds[:, 0], dtype=torch.int64).sum() - 1          # N - 1, traced
-        idx = torch.minimum(idx, last_row)
-        img = F.embedding(idx, image_embeds.to(dt))
-        x = torch.where(is_img.unsqueeze(-1), img, text)
+        x = self._embed(input_ids, image_embeds)
 
         dev = input_ids.device
         slots = torch.arange(self.max_len, dtype=torch.int64, device=dev)
@@ -304,16 +299,8 @@ class Decoder(nn.Module):
             p = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1).to(dt)
             o = torch.matmul(p[..., : self.max_len], pv5) + torch.matmul(p[..., self.max_len:], v5)
             o = o.permute(0, 3, 1, 2, 4).reshape(1, s, t.num_heads * d)
-            x = x + F.linear(o, m.o)
-            h = rms_norm(x, m.ln2, t.rms_norm_eps)
-            x = x + F.linear(F.silu(F.linear(h, m.gate)) * F.linear(h, m.up), m.down)
-        last = rms_norm(x[:, -1, :], self.norm, t.rms_norm_eps)                           # [1, H]
-        # W [V, H] @ last^T [H, 1]: uses the (tied) weight as stored, so the exporter does not fold a
-        # transposed copy of the embedding into the graph
-        logits = torch.matmul(self.lm_head, last.transpose(0, 1)).transpose(0, 1)         # [1, V]
-        if logits.dtype != torch.float32:     # no no-op Cast on the graph output (NNCF trips on it)
-            logits = logits.float()
-        return (logits, *new_k, *new_v)
+            x = self._mlp(m, x + F.linear(o, m.o))
+        return (self._logits(x), *new_k, *new_v)
 
 
 class DeviceSelect(nn.Module):

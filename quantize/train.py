@@ -72,11 +72,12 @@ class TrainConfig:
     max_image_size: int = 1024        # position grid 64x64: the runtime's grid, no resize needed
 
 
-def canvas_target(rec: dict, lb, task: str) -> str:
-    """Target string for `task`; spotting boxes in 0..1000 of the letterboxed canvas."""
+def canvas_target(rec: dict, scale: float, task: str) -> str:
+    """Target string for `task`; spotting boxes (in the page's pixels, `scale` = canvas px per page px)
+    in 0..1000 of the letterboxed canvas."""
     if task == "structured_parse":
         return rec["text"]
-    k = lb.scale * 1000 / CANVAS
+    k = scale * 1000 / CANVAS
     out = []
     for ln in rec["lines"]:
         x1, y1, x2, y2 = ln["box"]
@@ -118,7 +119,7 @@ def reading_page(index: int, seed: int, level: float = 1.0) -> tuple[np.ndarray,
         face = fs.pick(rng, cjk=mix < 0.5, bold=rng.random() < 0.2)
         font = truetype(face, size_l)
         x0 = int(rng.integers(8, 120))
-        words, width = [], 0.0
+        words = []
         limit = rng.uniform(0.3, 1.0) * (CANVAS - x0 - 8)
         while True:
             kind = rng.random()
@@ -137,7 +138,6 @@ def reading_page(index: int, seed: int, level: float = 1.0) -> tuple[np.ndarray,
             if tw > limit:
                 break
             words.append(w)
-            width = tw
         if words:
             text = " ".join(words)
             ink = int(rng.integers(0, 90))
@@ -150,25 +150,17 @@ def reading_page(index: int, seed: int, level: float = 1.0) -> tuple[np.ndarray,
 
 
 def render(args) -> tuple[np.ndarray, str, str]:
-    """Worker: (index, generator seed, share of reading pages[, curriculum level]) -> (canvas uint8
+    """Worker: (index, generator seed, share of reading pages, curriculum level) -> (canvas uint8
     [S, S, 3], task, target)."""
-    index, seed, reading_frac, *rest = args
-    level = rest[0] if rest else 1.0
+    index, seed, reading_frac, level = args
     task = TASKS[index % len(TASKS)]
     if reading_frac and np.random.default_rng([seed, index, 3]).random() < reading_frac:
-        canvas, rec = reading_page(index, seed, level)
-        return canvas, task, canvas_target(rec, _IDENTITY, task)
+        canvas, rec = reading_page(index, seed, level)          # drawn on the canvas itself
+        return canvas, task, canvas_target(rec, 1.0, task)
     from quantize.docgen import GenOptions, make_document
     img, rec = make_document(index, seed, GenOptions(degrade_prob=0.5))
     canvas, lb = letterbox(img)
-    return canvas, task, canvas_target(rec, lb, task)
-
-
-class _Identity:
-    scale = 1.0
-
-
-_IDENTITY = _Identity()
+    return canvas, task, canvas_target(rec, lb.scale, task)
 
 
 def build_corpus(n: int, seed: int) -> list[str]:
@@ -316,6 +308,7 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
         if not steps_given:             # keep the schedule the first invocation sized; --steps overrides it
             total = st.get("total_steps") or total
         log(f"resumed at step {step}" + (f" of {total}" if total else ""))
+    (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters; batch {cfg.batch}; device {device}")
     amp = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device == "cuda" else torch.autocast("cpu", enabled=False)
@@ -381,9 +374,12 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
             if step % 10 == 0 or step == 1:
                 log(f"step {step}/{total or '?'} loss {loss_v:.4f} lr {lr:.2e} ({trained_s:.0f} s, {dt * 1000:.0f} ms/step)")
             final = total is not None and step >= total
-            if step % cfg.save_every == 0 or final:
+            saved = step % cfg.save_every == 0 or final
+            if saved:
                 save_state()
             if cfg.eval_every and (step % cfg.eval_every == 0 or final):
+                if not saved:
+                    model.save_pretrained(out / "checkpoint")      # evaluation reads this checkpoint
                 model.eval()
                 rec.update(evaluate(out / "checkpoint", cfg.eval_images, cfg.eval_tokens))
                 log(f"step {step}: eval CER {rec['eval_cer']:.3f} on {rec['eval_images']} eval pages")

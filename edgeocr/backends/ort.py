@@ -177,7 +177,8 @@ class OrtSession:
                 self.k[i][:, :, :s] = news[i].numpy()
                 self.v[i][:, :, :s] = news[self.layers + i].numpy()
         logits = self.step_logits[0].copy()
-        self.first_token = int(self.next_token[0])
+        if self.selects:
+            self.first_token = int(self.next_token[0])
         self._bind_step_outputs()
         return logits
 

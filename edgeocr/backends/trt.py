@@ -14,6 +14,7 @@ run a TensorRT engine (no full TensorRT; TensorRT-RTX does not run on the H200's
 
 from __future__ import annotations
 
+import ctypes
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,16 +145,23 @@ class TrtSession:
                                ("one", (1,), np.float32)):
             nbytes = int(np.prod(shape)) * np.dtype(dt).itemsize
             addr = self.cuda.host_alloc(nbytes)
-            self._pin[key] = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_byte * nbytes).from_address(addr)).view(dt).reshape(shape)
+            self._pin[key] = np.frombuffer((ctypes.c_byte * nbytes).from_address(addr), dtype=dt).reshape(shape)
         self._pin["one"][0] = 1.0
         self.row_bytes = self.hd * np.dtype(self.kv_dtype).itemsize
         self.cuda_graph, self._graph, self._warm = cuda_graph, None, False
         self.image_embeds = None
 
     # -- helpers
-    def _h2d(self, buf: str, arr: np.ndarray, offset: int = 0) -> None:
+    def _h2d(self, buf: str, arr: np.ndarray) -> None:
         a = np.ascontiguousarray(arr)
-        self.cuda.memcpy_async(self.ptr[buf] + offset, a.ctypes.data, a.nbytes, "htod", self.stream)
+        self.cuda.memcpy_async(self.ptr[buf], a.ctypes.data, a.nbytes, "htod", self.stream)
+
+    def _fetch(self, pin: str, buf: str) -> np.ndarray:
+        """Device buffer -> its pinned host array (overwritten by the next fetch), after the stream drains."""
+        a = self._pin[pin]
+        self.cuda.memcpy_async(a.ctypes.data, self.ptr[buf], a.nbytes, "dtoh", self.stream)
+        self.cuda.stream_sync(self.stream)
+        return a
 
     def _scatter(self, prefix: str, pos: int, s: int) -> None:
         for kind in ("key", "value"):
@@ -190,18 +198,10 @@ class TrtSession:
         self._h2d("past_len", np.zeros((1,), np.int64))
         self._run("prefill")
         self._scatter("prefill", 0, s)
-        return self._read_logits()
-
-    def _read_logits(self) -> np.ndarray:
-        lg = self._pin["logits"]
-        self.cuda.memcpy_async(lg.ctypes.data, self.ptr["logits"], lg.nbytes, "dtoh", self.stream)
+        logits = self._fetch("logits", "logits")[0].copy()
         if self.selects:
-            nx = self._pin["next"]
-            self.cuda.memcpy_async(nx.ctypes.data, self.ptr["next_token"], nx.nbytes, "dtoh", self.stream)
-        self.cuda.stream_sync(self.stream)
-        if self.selects:
-            self.first_token = int(self._pin["next"][0])
-        return lg[0].copy()
+            self.first_token = int(self._fetch("next", "next_token")[0])
+        return logits
 
     def _decode(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> None:
         if not 0 <= pos < self.max_len:
@@ -224,10 +224,7 @@ class TrtSession:
 
     def step(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         self._decode(token_id, pos, cos, sin)
-        lg = self._pin["logits"]
-        self.cuda.memcpy_async(lg.ctypes.data, self.ptr["logits"], lg.nbytes, "dtoh", self.stream)
-        self.cuda.stream_sync(self.stream)
-        return lg[0].copy()
+        return self._fetch("logits", "logits")[0]           # a view, valid until the next step (as on ORT)
 
     def begin(self, prompt_ids: np.ndarray, penalty: float) -> None:
         seen = np.zeros((1, self.vocab_size), np.float32)
@@ -240,10 +237,7 @@ class TrtSession:
         self.cuda.memcpy_async(self.ptr["seen"] + 4 * int(token_id), self._pin["one"].ctypes.data, 4, "htod",
                                self.stream)
         self._decode(token_id, pos, cos, sin)
-        nx = self._pin["next"]
-        self.cuda.memcpy_async(nx.ctypes.data, self.ptr["next_token"], nx.nbytes, "dtoh", self.stream)
-        self.cuda.stream_sync(self.stream)
-        return int(nx[0])
+        return int(self._fetch("next", "next_token")[0])
 
     def memory_bytes(self) -> dict:
         kv = sum(b.nbytes for n, b in self.plan.buffers.items() if n.startswith("cache_"))
