@@ -140,7 +140,7 @@ class OCRModel:
         ids = self.prompt_ids(instruction)
         cos, sin = self.rope_tables(ids)
         t0 = time.perf_counter()
-        self.session.encode_image(prep.pixels)
+        self.session.encode_image(prep.pixels, fetch=False)
         vision_ms = (time.perf_counter() - t0) * 1e3
         penalty = options.repetition_penalty or self.manifest.decode.get("repetition_penalty", 1.08)
         st = DecodeState()

@@ -2,6 +2,7 @@
 
     python -m quantize export CHECKPOINT OUT [--precision fp32|fp16] [--max-cache-len N] [--rope-layout A|B]
                                             [--attention masked|gqa]
+    python -m quantize weight-int8 ARTIFACT OUT [--block-size 32]
     python -m quantize tiny OUT [--config tiny-a|tiny-b] [--seed N]
 """
 
@@ -90,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--rope-layout", choices=["A", "B"], default="B")
     b.add_argument("--device", default="cpu", help="torch device used for tracing")
     _graph_flavour_args(b)
+    w = sub.add_parser("weight-int8", help="FP16/FP32 artifact -> decoder MatMul weights as 8-bit blocks "
+                       "(ONNX Runtime MatMulNBits: half the bytes read per decoded token; no calibration)")
+    w.add_argument("artifact", type=Path)
+    w.add_argument("out", type=Path)
+    w.add_argument("--block-size", type=int, default=32, help="inputs sharing one scale (power of two >= 16)")
     t = sub.add_parser("tiny", help="make a tiny random-weight HunyuanVL checkpoint (tests, demos)")
     t.add_argument("out", type=Path)
     t.add_argument("--config", choices=["tiny-a", "tiny-b"], default="tiny-a")
@@ -109,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{sum(i['bytes'] for i in m.files.values()) / 2**20:10.2f} MiB  total -> {args.out}")
         elif args.cmd == "build":
             _build(args)
+        elif args.cmd == "weight-int8":
+            from quantize.weight_int8 import build_weight_int8
+            _print_sizes(build_weight_int8(args.artifact, args.out, args.block_size, progress=_progress), args.out)
         elif args.cmd == "tiny":
             from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
             tc = {"tiny-a": TINY_A, "tiny-b": TINY_B}[args.config]

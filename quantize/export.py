@@ -148,7 +148,8 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
     past = [torch.zeros(1, kvh, opts.max_cache_len, d, dtype=dtype) for _ in range(2 * L)]
     past_names = [f"past_key_{i}" for i in range(L)] + [f"past_value_{i}" for i in range(L)]
     dyn = {"input_ids": {1: "seq"}, "cos": {1: "seq"}, "sin": {1: "seq"}, "image_embeds": {0: "n_image"}}
-    common = (torch.zeros(1, ex_s, dtype=torch.int64), torch.zeros(n_img, t.hidden_size),
+    # image_embeds in the compute dtype: the vision graph's output binds to it as it is (no cast, no copy)
+    common = (torch.zeros(1, ex_s, dtype=torch.int64), torch.zeros(n_img, t.hidden_size, dtype=dtype),
               torch.zeros(1, ex_s, d), torch.zeros(1, ex_s, d))
     if opts.attention == "gqa":
         args = (*common, torch.full((1,), ex_s - 1, dtype=torch.int32), torch.tensor(ex_s, dtype=torch.int32), *past)

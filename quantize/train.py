@@ -9,9 +9,10 @@ generator rendered at the runtime's 1024x1024 letterboxed input, the official pr
 (structured_parse) and spotting (0-1000 boxes of the canvas).  Seeded and resumable (OUT/train_state.pt);
 progress and a loss/CER log in OUT/train_log.jsonl; the final checkpoint in OUT/checkpoint.
 
-`--gpu-seconds S` sizes the run to S seconds of training: the step count is fixed from the first 30
-steps' mean time, logged, and stored with the resumable state (so a resumed run keeps the same schedule;
-pass `--steps N` to reproduce it exactly).  `--budget-s S` stops this invocation after S seconds with the
+`--gpu-seconds S` runs the schedule on time instead of steps: learning-rate decay, the curriculum and the
+end follow the seconds trained (kept in the resumable state), so a run ends after S seconds of training
+with its learning rate fully decayed whatever the machine's speed; the step count reached is logged.
+Data order is seeded either way; `--steps N` gives a step-exact rerun.  `--budget-s S` stops this invocation after S seconds with the
 state saved, for machines whose commands are time-limited; `--resume` continues it.
 Pages are rendered by a process pool ahead of the GPU (a few batches in flight); the uint8 canvases are
 normalized and patchified on the device with the runtime's lookup table, so training sees exactly the
@@ -52,6 +53,9 @@ class TrainConfig:
     data_seed: int = 7000             # generator seed (calib uses 1001, eval 2002)
     tok_seed: int = 7099              # generator seed of the tokenizer's corpus
     workers: int = 8                  # document-rendering processes
+    reuse: int = 1                    # each step renders batch/reuse new pages and draws the rest from the
+                                      # last replay_pages pages (seeded): rendering is the bottleneck on GPUs
+    replay_pages: int = 2048
     max_target_tokens: int = 640      # longer targets are cut (rare for these documents)
     eval_every: int = 250             # steps between CER evaluations on calibration_data/eval
     eval_images: int = 4
@@ -163,6 +167,46 @@ def render(args) -> tuple[np.ndarray, str, str]:
     return canvas, task, canvas_target(rec, lb.scale, task)
 
 
+class PageFeed:
+    """Training batches from a process pool rendering ahead of the GPU (a few batches in flight).
+
+    With `cfg.reuse` R > 1 each batch holds batch/R newly rendered pages and batch - batch/R pages drawn
+    (seeded) from the last `cfg.replay_pages` rendered ones, so the GPU is not held up by rendering; the
+    draw depends only on the seed and the step the run (or its resume) started at.  `wait_s` is the time
+    spent waiting for rendered pages.
+    """
+
+    def __init__(self, cfg: TrainConfig, pool, schedule, first_doc: int = 0, start_step: int = 0, render_fn=None):
+        self.cfg, self.pool, self.schedule = cfg, pool, schedule
+        self.render = render_fn or render
+        self.fresh = max(1, cfg.batch // max(1, cfg.reuse))
+        self.next_doc = first_doc
+        self.pending: deque = deque()
+        self.replay: deque = deque(maxlen=cfg.replay_pages)
+        self.rng = np.random.default_rng([cfg.seed, start_step, 11])
+        self.wait_s = 0.0
+
+    def _submit(self) -> None:
+        frac, level = self.schedule()
+        jobs = [(self.next_doc + k, self.cfg.data_seed, frac, level) for k in range(self.fresh)]
+        self.pending.append(self.pool.map_async(self.render, jobs) if self.pool else [self.render(j) for j in jobs])
+        self.next_doc += self.fresh
+
+    def take(self) -> list:
+        while len(self.pending) < (4 if self.pool else 1):
+            self._submit()
+        t = time.perf_counter()
+        r = self.pending.popleft()
+        new = r if isinstance(r, list) else r.get()
+        self.wait_s += time.perf_counter() - t
+        batch = list(new)
+        if self.fresh < self.cfg.batch:
+            if self.replay:
+                batch += [self.replay[int(i)] for i in self.rng.integers(0, len(self.replay), self.cfg.batch - self.fresh)]
+            self.replay.extend(new)
+        return batch
+
+
 def build_corpus(n: int, seed: int) -> list[str]:
     from quantize.docgen import GenOptions, make_document
     texts = list(prompts.TASKS_ZH.values()) + list(prompts.TASKS_EN.values())
@@ -172,7 +216,7 @@ def build_corpus(n: int, seed: int) -> list[str]:
     return texts
 
 
-def make_model(cfg: TrainConfig, out: Path, init: Path | None = None):
+def make_model(cfg: TrainConfig, out: Path, init: Path | None = None, tokenizer: Path | None = None):
     """A fresh model and tokenizer written to out/checkpoint, or (init) the weights and tokenizer of a
     checkpoint this script trained, to train further."""
     import shutil
@@ -191,7 +235,11 @@ def make_model(cfg: TrainConfig, out: Path, init: Path | None = None):
                 shutil.copyfile(Path(init) / name, ck / name)
         model = HunYuanVLForConditionalGeneration.from_pretrained(str(init), dtype=torch.float32)
         return model, special_ids(Tokenizer.from_file(str(ck / "tokenizer.json")))
-    tok = build_tokenizer(build_corpus(600, cfg.tok_seed), cfg.bpe_vocab)
+    if tokenizer is not None:                   # reuse a tokenizer.json (this script's, same seed: identical)
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(str(tokenizer))
+    else:
+        tok = build_tokenizer(build_corpus(600, cfg.tok_seed), cfg.bpe_vocab)
     ids = special_ids(tok)
     q = cfg.head_dim // 8
     text = dict(vocab_size=tok.get_vocab_size(with_added_tokens=True), hidden_size=cfg.hidden,
@@ -283,7 +331,7 @@ def _cuda() -> bool:
 
 def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
           gpu_seconds: float | None = None, budget_s: float | None = None, init: Path | None = None,
-          steps_given: bool = True) -> Path:
+          steps_given: bool = True, tokenizer: Path | None = None) -> Path:
     """Train into `out`; returns the checkpoint folder.  See the module doc for the time options."""
     import multiprocessing as mp
 
@@ -292,68 +340,62 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
 
     out.mkdir(parents=True, exist_ok=True)
     state_path, log_path = out / "train_state.pt", out / "train_log.jsonl"
-    model, ids = make_model(cfg, out, init)
+    model, ids = make_model(cfg, out, init, tokenizer)
     tok = Tokenizer.from_file(str(out / "checkpoint" / "tokenizer.json"))
     model.to(device)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     other = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
-    step, total, trained_s = 0, (None if gpu_seconds and not steps_given else cfg.steps), 0.0
+    # the schedule runs on steps (--steps), or on training seconds (--gpu-seconds): then learning-rate
+    # decay, curriculum and the end follow the time trained, so the run ends on time whatever the speed
+    by_time = bool(gpu_seconds) and not steps_given
+    step, total, trained_s = 0, (None if by_time else cfg.steps), 0.0
     if resume and state_path.exists():
         st = torch.load(state_path, map_location=device, weights_only=False)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         step, trained_s = st["step"], st.get("trained_s", 0.0)
-        if not steps_given:             # keep the schedule the first invocation sized; --steps overrides it
-            total = st.get("total_steps") or total
-        log(f"resumed at step {step}" + (f" of {total}" if total else ""))
+        if not steps_given and st.get("gpu_seconds"):     # keep the first invocation's time schedule
+            by_time, gpu_seconds, total = True, st["gpu_seconds"], None
+        log(f"resumed at step {step}" + (f" of {total}" if total else f", {trained_s:.0f} of {gpu_seconds:.0f} s"))
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters; batch {cfg.batch}; device {device}")
     amp = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if device == "cuda" else torch.autocast("cpu", enabled=False)
     pool = mp.get_context("fork").Pool(cfg.workers) if cfg.workers > 1 else None
     start = time.perf_counter()
-    next_doc = step * cfg.batch
-    pending: deque = deque()
 
-    def submit():                       # keep a few batches rendering ahead of the GPU
-        nonlocal next_doc
+    def progress() -> float:            # share of the run done, 0..1
+        return min(1.0, trained_s / gpu_seconds) if by_time else min(1.0, step / total)
+
+    def schedule():                     # (share of reading pages, curriculum level) for the next pages
         frac, level = cfg.reading_frac, 1.0
-        if cfg.curriculum and total:
-            level = min(1.0, step / (cfg.curriculum * total))
+        if cfg.curriculum:
+            level = min(1.0, progress() / cfg.curriculum)
             frac = 0.9 + (cfg.reading_frac - 0.9) * level
-        elif cfg.curriculum:
-            level, frac = 0.0, 0.9                      # before the run is sized: the first stage
-        jobs = [(next_doc + k, cfg.data_seed, frac, level) for k in range(cfg.batch)]
-        pending.append(pool.map_async(render, jobs) if pool else [render(j) for j in jobs])
-        next_doc += cfg.batch
+        return frac, level
 
-    def take():
-        while len(pending) < (4 if pool else 1):
-            submit()
-        r = pending.popleft()
-        return r if isinstance(r, list) else r.get()
+    feed = PageFeed(cfg, pool, schedule, first_doc=step * max(1, cfg.batch // max(1, cfg.reuse)), start_step=step)
 
     def save_state():
         model.save_pretrained(out / "checkpoint")
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "total_steps": total,
+                    "gpu_seconds": gpu_seconds if by_time else None,
                     "trained_s": trained_s, "config": asdict(cfg)}, state_path)
 
     model.train()
-    step_times: list[float] = []
     with open(log_path, "a") as lf:
-        while total is None or step < total:
+        while progress() < 1.0:
             if budget_s is not None and time.perf_counter() - start > budget_s:
                 save_state()
                 log(f"budget of {budget_s:.0f} s reached at step {step}; state saved, continue with --resume")
                 break
             t_step = time.perf_counter()
-            planned = total or 10 ** 9
-            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(step, planned) / planned))
+            lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * progress()))
             for g in opt.param_groups:
                 g["lr"] = lr
-            inputs = collate(take(), ids, tok, cfg, device)
+            inputs = collate(feed.take(), ids, tok, cfg, device)
             with amp:
                 loss = model(**inputs).loss
             opt.zero_grad(set_to_none=True)
@@ -364,16 +406,12 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
             loss_v = float(loss.detach())              # synchronizes: the step time below is real
             dt = time.perf_counter() - t_step
             trained_s += dt
-            step_times.append(dt)
-            if total is None and len(step_times) == 30:
-                per = float(np.mean(step_times[10:]))
-                total = max(step + 1, int(gpu_seconds / per))
-                log(f"{per * 1000:.0f} ms/step -> {total} steps for {gpu_seconds:.0f} s")
             rec = {"step": step, "loss": round(loss_v, 4), "lr": lr, "step_s": round(dt, 3),
-                   "elapsed_s": round(trained_s, 1)}
+                   "elapsed_s": round(trained_s, 1), "render_wait_s": round(feed.wait_s, 1)}
             if step % 10 == 0 or step == 1:
-                log(f"step {step}/{total or '?'} loss {loss_v:.4f} lr {lr:.2e} ({trained_s:.0f} s, {dt * 1000:.0f} ms/step)")
-            final = total is not None and step >= total
+                log(f"step {step}{f'/{total}' if total else ''} ({progress():.1%}) loss {loss_v:.4f} lr {lr:.2e} "
+                    f"({trained_s:.0f} s, {dt * 1000:.0f} ms/step, {feed.wait_s:.0f} s waiting for pages)")
+            final = progress() >= 1.0
             saved = step % cfg.save_every == 0 or final
             if saved:
                 save_state()
@@ -388,7 +426,7 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
             lf.flush()
     if pool:
         pool.terminate()
-    if total is not None and step >= total:
+    if progress() >= 1.0:
         model.to(torch.bfloat16).save_pretrained(out / "checkpoint")
         log(f"done: {step} steps, {trained_s:.0f} s of training; checkpoint in {out / 'checkpoint'}")
     return out / "checkpoint"
@@ -404,13 +442,17 @@ def main(argv=None) -> int:
                     "random weights")
     ap.add_argument("--reading-frac", type=float, default=TrainConfig.reading_frac,
                     help="share of random-line reading pages among the training pages")
+    ap.add_argument("--tokenizer", type=Path, help="use this tokenizer.json instead of building one (saves "
+                    "~1 min of rendering the tokenizer corpus; this script's own gives the same model)")
     ap.add_argument("--data-seed", type=int, default=TrainConfig.data_seed)
     ap.add_argument("--curriculum", type=float, default=TrainConfig.curriculum,
                     help="share of the run spent growing reading pages from large type to full pages")
-    ap.add_argument("--gpu-seconds", type=float, help="size the run to this much training time (sets --steps)")
+    ap.add_argument("--gpu-seconds", type=float, help="run the schedule on this many seconds of training instead of --steps")
     ap.add_argument("--budget-s", type=float, help="stop this invocation after S seconds, state saved")
     ap.add_argument("--eval-images", type=int, default=TrainConfig.eval_images)
     ap.add_argument("--batch", type=int, default=TrainConfig.batch)
+    ap.add_argument("--reuse", type=int, default=TrainConfig.reuse,
+                    help="render batch/R new pages per step, the rest replayed from recent pages (default 1: all new)")
     ap.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 15))
     ap.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
     ap.add_argument("--device", default="cuda")
@@ -418,14 +460,15 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="very small sizes (tests)")
     args = ap.parse_args(argv)
     cfg = TrainConfig(steps=args.steps or TrainConfig.steps, batch=args.batch, reading_frac=args.reading_frac,
-                      data_seed=args.data_seed, curriculum=args.curriculum, workers=args.workers, eval_every=args.eval_every,
+                      data_seed=args.data_seed, curriculum=args.curriculum, workers=args.workers, reuse=args.reuse,
+                      eval_every=args.eval_every,
                       eval_images=args.eval_images)
     if args.tiny:
         cfg = TrainConfig(**dict(asdict(cfg), hidden=64, layers=1, heads=2, kv_heads=1, head_dim=32, intermediate=128,
                                  v_hidden=32, v_layers=1, v_heads=2, v_intermediate=64, bpe_vocab=400,
                                  eval_images=1, max_target_tokens=64))
     train(args.out, cfg, args.device, args.resume, log=lambda s: print(s, file=sys.stderr, flush=True),
-          gpu_seconds=args.gpu_seconds, budget_s=args.budget_s, init=args.init,
+          gpu_seconds=args.gpu_seconds, budget_s=args.budget_s, init=args.init, tokenizer=args.tokenizer,
           steps_given=args.steps is not None or (not args.gpu_seconds and not args.resume))
     return 0
 

@@ -25,8 +25,8 @@ class Recorder:
         self.inner, self.logits = inner, []
         self.name, self.max_len, self.vocab_size = inner.name, inner.max_len, inner.vocab_size
 
-    def encode_image(self, pixels):
-        return self.inner.encode_image(pixels)
+    def encode_image(self, pixels, fetch=True):
+        return self.inner.encode_image(pixels, fetch)
 
     def prefill(self, ids, cos, sin):
         out = self.inner.prefill(ids, cos, sin)

@@ -11,7 +11,8 @@ from edgeocr.model import OCRModel
 
 
 def _train(out, steps, *extra):
-    r = subprocess.run([sys.executable, "-m", "quantize.train", str(out), "--tiny", "--steps", str(steps), "--batch", "2",
+    steps_arg = ["--steps", str(steps)] if steps else []
+    r = subprocess.run([sys.executable, "-m", "quantize.train", str(out), "--tiny", *steps_arg, "--batch", "2",
                         "--workers", "2", "--eval-every", "0", "--device", "cpu", *extra],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -36,9 +37,47 @@ def test_train_resume_export_run(tmp_path):
     assert res.generated_tokens >= 1
 
 
+def test_time_schedule_ends_on_time_across_resume(tmp_path):
+    """--gpu-seconds: the schedule runs on seconds trained; a budget-stopped invocation resumes on the same
+    time schedule and the run ends once the seconds are trained, learning rate decayed, curriculum done."""
+    out = tmp_path / "timed"
+    r = _train(out, None, "--gpu-seconds", "4", "--budget-s", "1.5", "--curriculum", "0.5", "--reuse", "2")
+    assert "state saved" in r.stderr
+    r = _train(out, None, "--resume")
+    assert "resumed at step" in r.stderr and " of 4 s" in r.stderr and "done:" in r.stderr
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert 4.0 <= log[-1]["elapsed_s"] < 4.0 + 3 * max(x["step_s"] for x in log)
+    assert log[-1]["lr"] < 0.05 * max(x["lr"] for x in log)
+    assert [x["step"] for x in log] == list(range(1, len(log) + 1))
+
+
 def _page(tmp_path):
     from quantize.docgen import GenOptions, make_document
     img, _ = make_document(0, 5, GenOptions(degrade=False))
     p = tmp_path / "page.png"
     img.save(p)
     return p
+
+
+def test_page_feed_reuse_is_seeded_and_keeps_new_pages():
+    """--reuse R: each batch holds batch/R newly rendered pages plus seeded draws from earlier ones."""
+    from quantize.train import PageFeed, TrainConfig
+
+    def fake_render(job):
+        index, seed, frac, level = job
+        return index, frac, level
+
+    cfg = TrainConfig(batch=8, reuse=4, replay_pages=6, seed=3)
+    feeds = [PageFeed(cfg, None, lambda: (0.5, 0.25), render_fn=fake_render) for _ in range(2)]
+    runs = [[f.take() for _ in range(5)] for f in feeds]
+    assert runs[0] == runs[1]                                   # same seed, same batches
+    seen = []
+    for k, batch in enumerate(runs[0]):
+        new = [p[0] for p in batch[:2]]
+        assert new == [2 * k, 2 * k + 1]                       # 8 / 4 = 2 new pages, in order
+        assert len(batch) == (2 if k == 0 else 8)              # nothing to replay before the first pages
+        assert all(p[0] in seen[-6:] for p in batch[2:])        # replayed pages come from the last 6 rendered
+        assert all(p[1:] == (0.5, 0.25) for p in batch)        # the schedule reaches the renderer
+        seen += new
+    plain = PageFeed(TrainConfig(batch=4), None, lambda: (0.0, 1.0), render_fn=fake_render)
+    assert [p[0] for p in plain.take()] == [0, 1, 2, 3] and not plain.replay

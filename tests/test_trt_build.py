@@ -72,21 +72,30 @@ def test_version_and_gpu_guard():
         import_trt("tensorrt-llm")
 
 
-def test_trt_buffer_plan_binds_every_tensor_once(art_a, tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_trt_buffer_plan_binds_every_tensor_once(precision, art_a, ckpt_a, tmp_path):
     """The TensorRT session's device-buffer plan, from the manifest: every engine tensor of every context
-    is bound, shapes agree with the graphs, the caches and the image rows are shared where contexts meet,
-    and the KV bytes are what the manifest says.  (The session itself cannot run here: no GPU.)"""
+    is bound, shapes and dtypes agree with the graphs (FP16: the vision graph's FP16 embeddings are the
+    buffer the prefill reads), the caches and the image rows are shared where contexts meet, and the KV
+    bytes are what the manifest says.  (The session itself cannot run here: no GPU.)"""
     from edgeocr.backends.trt import plan_buffers
     from edgeocr.manifest import read_manifest
+    from quantize.export import ExportOptions, export
+    if precision == "fp16":
+        art_a = tmp_path / "fp16"
+        export(ckpt_a, art_a, ExportOptions(precision="fp16", max_cache_len=1536, max_prefill_len=1400))
     m = read_manifest(art_a)
     plan = plan_buffers(m)
-    io = {g: {t["name"]: t["shape"] for t in m.graphs[g]["inputs"] + m.graphs[g]["outputs"]} for g in ("vision", "decoder")}
+    io = {g: {t["name"]: (t["shape"], t["dtype"]) for t in m.graphs[g]["inputs"] + m.graphs[g]["outputs"]}
+          for g in ("vision", "decoder")}
     assert set(plan.bindings["vision"]) == set(io["vision"])
-    for ctx in ("prefill", "decode"):
-        assert set(plan.bindings[ctx]) == set(io["decoder"]), ctx
+    for ctx, g in (("vision", "vision"), ("prefill", "decoder"), ("decode", "decoder")):
+        assert set(plan.bindings[ctx]) == set(io[g]), ctx
         for tensor, buf in plan.bindings[ctx].items():
-            want, have = io["decoder"][tensor], plan.buffers[buf].shape
-            assert len(want) == len(have) and all(w == h for w, h in zip(want, have) if isinstance(w, int)), tensor
+            (want, dtype), have = io[g][tensor], plan.buffers[buf]
+            assert len(want) == len(have.shape) and dtype == have.dtype, (ctx, tensor)
+            assert all(w == h for w, h in zip(want, have.shape) if isinstance(w, int)), (ctx, tensor)
+    assert plan.buffers["image_embeds"].dtype == ("float16" if precision == "fp16" else "float32")
     pre, dec = plan.bindings["prefill"], plan.bindings["decode"]
     assert all(pre[f"past_key_{i}"] == dec[f"past_key_{i}"] for i in range(m.kv_cache["layers"]))
     assert plan.bindings["vision"]["image_embeds"] == pre["image_embeds"] != dec["image_embeds"]

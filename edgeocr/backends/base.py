@@ -18,8 +18,9 @@ class Session(Protocol):
     max_len: int         # static KV cache length, tokens
     vocab_size: int
 
-    def encode_image(self, pixels: np.ndarray) -> np.ndarray:
-        """pixels: [1, 3, S, S] float32 normalized -> image embeddings [N_img, H] (kept for prefill)."""
+    def encode_image(self, pixels: np.ndarray, fetch: bool = True) -> np.ndarray | None:
+        """pixels: [1, 3, S, S] float32 normalized -> image embeddings [N_img, H] (kept for prefill).
+        fetch=False: a device session may keep them on the device and return None."""
         ...
 
     def prefill(self, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

@@ -41,6 +41,10 @@ def available_providers() -> list[str]:
         return []
 
 
+def _io_dtype(entries: list, name: str) -> str:
+    return next((e["dtype"] for e in entries if e["name"] == name), "float32")
+
+
 class OrtSession:
     """Implements edgeocr.backends.base.Session on ONNX Runtime."""
 
@@ -54,6 +58,11 @@ class OrtSession:
         self.vocab_size = m.model["text"]["vocab_size"]
         self.hidden = m.model["text"]["hidden_size"]
         self.kv_dtype = _NP[kv["dtype"]]
+        # image embeddings: the vision graph's output dtype, and what the decoder takes (equal in artifacts
+        # exported since image_embeds follows the compute dtype; older FP16 ones cast on the host)
+        self.vis_dtype = _NP[_io_dtype(m.graphs["vision"]["outputs"], "image_embeds")]
+        self.emb_dtype = _NP[_io_dtype(m.graphs["decoder"]["inputs"], "image_embeds")]
+        self.n_image = m.preprocess["n_image_tokens"]
         self.inplace = m.graphs["decoder"].get("attention", "masked") == "gqa"
         self.selects = bool(m.graphs["decoder"].get("select_on_device", False))
         self.first_token = -1
@@ -62,7 +71,7 @@ class OrtSession:
             raise BackendError("CUDA-graph decode needs device 'cuda' and an artifact exported with "
                                "--attention gqa --select-on-device (fixed buffer addresses, no host copy "
                                "inside the step)")
-        if self.inplace and device == "cuda" and m.precision == "fp32":
+        if self.inplace and device == "cuda" and kv["dtype"] == "float32":
             raise BackendError("this artifact's decoder uses GroupQueryAttention, which ONNX Runtime's CUDA "
                                "provider runs in fp16/bf16 only: export it with --precision fp16 for CUDA, "
                                "or with --attention masked, or run it on the CPU")
@@ -73,7 +82,9 @@ class OrtSession:
                 raise BackendError("CUDAExecutionProvider is not available in this onnxruntime "
                                    f"(providers: {ort.get_available_providers()}); pip install 'edgeocr[cuda]'")
             # TF32 would change FP32 numerics by ~1e-3 relative; keep FP32 artifacts exact
-            cuda_opts = {"device_id": 0, "use_tf32": 0 if m.precision == "fp32" else 1}
+            # arena grows by what is asked, not in powers of two (device memory is the scarce thing on Orin)
+            cuda_opts = {"device_id": 0, "use_tf32": 0 if m.precision == "fp32" else 1,
+                         "arena_extend_strategy": "kSameAsRequested"}
             providers = [("CUDAExecutionProvider", cuda_opts), "CPUExecutionProvider"]
         else:
             raise BackendError(f"unknown device {device!r} for onnxruntime; use 'cpu' or 'cuda'")
@@ -119,7 +130,7 @@ class OrtSession:
         self.past_len = np.zeros((1,), np.int64)               # [1]  (masked)
         self.seqlens_k = np.zeros((1,), np.int32)              # [1]  (gqa: total length - 1)
         self.total_len = np.zeros((), np.int32)                # []   (gqa: total length)
-        self.no_image = np.zeros((1, self.hidden), np.float32)  # [1, H] placeholder during decode
+        self.no_image = np.zeros((1, self.hidden), self.emb_dtype)  # [1, H] placeholder during decode
         self.step_logits = np.zeros((1, self.vocab_size), np.float32)
         self.step_new = [np.zeros((1, self.kvh, 1, self.hd), self.kv_dtype) for _ in range(2 * self.layers)]
         self.image_embeds = None
@@ -153,9 +164,18 @@ class OrtSession:
             b.bind_ortvalue_input("seen", ort.OrtValue.ortvalue_from_numpy(self.seen))
             b.bind_ortvalue_input("penalty", ort.OrtValue.ortvalue_from_numpy(self.penalty))
 
-    def encode_image(self, pixels: np.ndarray) -> np.ndarray:
-        out = self.vision.run(["image_embeds"], {"pixels": np.ascontiguousarray(pixels, np.float32)})[0]
-        self.image_embeds = np.ascontiguousarray(out, np.float32)   # [N_img, H]
+    def encode_image(self, pixels: np.ndarray, fetch: bool = True) -> np.ndarray | None:
+        pixels = np.ascontiguousarray(pixels, np.float32)
+        if self.device == "cuda" and self.vis_dtype == self.emb_dtype:
+            # the embeddings stay on the device, in the buffer the prefill reads
+            vb = self.vision_binding
+            vb.bind_cpu_input("pixels", pixels)
+            vb.bind_ortvalue_output("image_embeds", self.image_dev)
+            self.vision.run_with_iobinding(vb)
+            self._image_dev = self.image_dev
+            return self.image_dev.numpy() if fetch else None
+        out = self.vision.run(["image_embeds"], {"pixels": pixels})[0]
+        self.image_embeds = np.ascontiguousarray(out, self.emb_dtype)   # [N_img, H]
         if self.device == "cuda":
             self._image_dev = self._ort.OrtValue.ortvalue_from_numpy(self.image_embeds, "cuda", 0)
         return self.image_embeds
@@ -273,8 +293,11 @@ class OrtSession:
             "input_ids": ort.OrtValue.ortvalue_from_shape_and_type((1, 1), np.int64, "cuda", 0),
             "cos": ort.OrtValue.ortvalue_from_shape_and_type((1, 1, self.hd), np.float32, "cuda", 0),
             "sin": ort.OrtValue.ortvalue_from_shape_and_type((1, 1, self.hd), np.float32, "cuda", 0),
-            "image_embeds": ort.OrtValue.ortvalue_from_numpy(np.zeros((1, self.hidden), np.float32), "cuda", 0),
+            "image_embeds": ort.OrtValue.ortvalue_from_numpy(np.zeros((1, self.hidden), self.emb_dtype), "cuda", 0),
         }
+        self.vision_binding = self.vision.io_binding()
+        self.image_dev = ort.OrtValue.ortvalue_from_shape_and_type((self.n_image, self.hidden), self.vis_dtype,
+                                                                   "cuda", 0)
         self.step_out = {"logits": ort.OrtValue.ortvalue_from_shape_and_type((1, self.vocab_size), np.float32, "cuda", 0)}
         self.h_seq = np.zeros((1,), np.int32)
         self.h_total = np.zeros((), np.int32)     # GroupQueryAttention reads total_sequence_length from host memory

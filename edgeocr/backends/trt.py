@@ -64,8 +64,14 @@ def plan_buffers(m: Manifest) -> Plan:
     kvdt = kv["dtype"]
     p = Plan()
     p.add("pixels", (1, 3, S, S), "float32")
-    p.add("image_embeds", (N, H), "float32")
-    p.add("image_placeholder", (1, H), "float32")
+    emb = {g: next((e["dtype"] for e in m.graphs[g][io] if e["name"] == "image_embeds"), "float32")
+           for g, io in (("vision", "outputs"), ("decoder", "inputs"))}
+    if emb["vision"] != emb["decoder"]:
+        raise BackendError(f"this artifact's vision graph writes {emb['vision']} image embeddings but its decoder "
+                           f"reads {emb['decoder']}: one device buffer cannot serve both; re-export it with this "
+                           "edgeocr (image_embeds now follows the compute dtype)")
+    p.add("image_embeds", (N, H), emb["decoder"])
+    p.add("image_placeholder", (1, H), emb["decoder"])
     p.add("prefill_ids", (1, P), "int64")
     p.add("prefill_cos", (1, P, D), "float32")
     p.add("prefill_sin", (1, P, D), "float32")
@@ -175,10 +181,12 @@ class TrtSession:
             raise BackendError(f"TensorRT {cname} execution failed")
 
     # -- Session
-    def encode_image(self, pixels: np.ndarray) -> np.ndarray:
+    def encode_image(self, pixels: np.ndarray, fetch: bool = True) -> np.ndarray | None:
         self._h2d("pixels", np.asarray(pixels, np.float32))
         self._run("vision")
-        out = np.empty(self.plan.buffers["image_embeds"].shape, np.float32)
+        if not fetch:
+            return None
+        out = np.empty(self.plan.buffers["image_embeds"].shape, self.plan.buffers["image_embeds"].dtype)
         self.cuda.memcpy_async(out.ctypes.data, self.ptr["image_embeds"], out.nbytes, "dtoh", self.stream)
         self.cuda.stream_sync(self.stream)
         self.image_embeds = out

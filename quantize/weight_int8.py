@@ -1,0 +1,119 @@
+"""Weight-only INT8 for ONNX Runtime: the decoder's MatMul weights as 8-bit blocks (MatMulNBits).
+
+    python -m quantize weight-int8 ARTIFACT OUT [--block-size 32]
+
+Decoding one token reads every decoder weight once and does little arithmetic with it, so on a GPU its
+speed is set by weight bytes, not by the arithmetic's precision.  The calibrated INT8 artifact
+(`quantize build --precision int8`: explicit Q/DQ on weights *and* activations) is made for TensorRT,
+which fuses Q/DQ into INT8 kernels; ONNX Runtime's CUDA provider runs those Q/DQ pairs as separate
+dequantize kernels, so it decodes slower than FP16 there.  This flavour keeps the activations in the
+artifact's own precision (FP16 for GPUs) and stores each MatMul weight as symmetric 8-bit integers with
+one scale per `block_size` inputs: ONNX Runtime's MatMulNBits kernels read half the bytes of FP16.
+No calibration data is needed (round-to-nearest per block); the vision graph, which is bound by
+arithmetic over 4,096 patches rather than by weight bytes, is kept as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from edgeocr import manifest as mf
+
+log = logging.getLogger("quantize")
+
+PRECISION = "int8-weights"
+
+
+def weight_first_matmuls(model) -> list[str]:
+    """Rewrite MatMul(W, Transpose(x)) with W a 2-D initializer [N, K] -- how the export computes the tied
+    lm_head, sharing the embedding table -- as Transpose(MatMul(x, W_t)) with W_t = W.T [K, N] stored, so
+    the weight is MatMul's second, constant operand that MatMulNBits quantizes.  W stays for the embedding
+    lookup.  Returns the weights rewritten."""
+    from onnx import helper, numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    users: dict[str, int] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            users[i] = users.get(i, 0) + 1
+    nodes, done = [], []
+    for n in model.graph.node:
+        t = producers.get(n.input[1]) if n.op_type == "MatMul" else None
+        w = inits.get(n.input[0]) if t is not None else None
+        perm = [list(a.ints) for a in t.attribute if a.name == "perm"] if t is not None else []
+        if w is None or len(w.dims) != 2 or t.op_type != "Transpose" or perm not in ([[1, 0]], []):
+            nodes.append(n)
+            continue
+        wt = numpy_helper.from_array(numpy_helper.to_array(w).T.copy(), w.name + "_t")
+        model.graph.initializer.append(wt)
+        mid = n.output[0] + "_weight_second"
+        nodes.append(helper.make_node("MatMul", [t.input[0], wt.name], [mid], name=n.name + "_weight_second"))
+        nodes.append(helper.make_node("Transpose", [mid], [n.output[0]], perm=[1, 0], name=n.name + "_back"))
+        done.append(w.name)
+        if users.get(t.output[0], 0) == 1:
+            nodes.remove(t)                      # it came earlier (topological order)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return done
+
+
+def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32,
+                      progress: Callable[[str], None] | None = None) -> mf.Manifest:
+    """FP16 (or FP32) artifact -> the same artifact with the decoder's MatMul weights in 8-bit blocks."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from quantize.export import _io, _save, _sha256
+
+    say = progress or (lambda s: log.info("%s", s))
+    t0 = time.perf_counter()
+    src_artifact, out = Path(src_artifact), Path(out)
+    src = mf.read_manifest(src_artifact)
+    if src.precision not in ("fp16", "fp32"):
+        raise ValueError(f"{src_artifact} is {src.precision}; weight-only INT8 starts from an FP16 or FP32 artifact")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block size {block_size}: must be a power of two >= 16 (MatMulNBits)")
+    if out.resolve() == src_artifact.resolve():
+        raise ValueError("OUT must differ from ARTIFACT")
+    out.mkdir(parents=True, exist_ok=True)
+    dec_file = src.graphs["decoder"]["file"]
+    model = onnx.load(str(src_artifact / dec_file))          # external data loaded from beside it
+    flipped = weight_first_matmuls(model)
+    if flipped:
+        say(f"decoder: {', '.join(flipped)} also stored as [in, out] for its MatMul (the tied lm_head)")
+    matmuls = sum(1 for n in model.graph.node if n.op_type == "MatMul")
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # a line per node
+    q = MatMulNBitsQuantizer(model, bits=8, block_size=block_size, is_symmetric=True,
+                             op_types_to_quantize=("MatMul",))
+    q.process()
+    qm = q.model.model
+    done = sum(1 for n in qm.graph.node if n.op_type == "MatMulNBits")
+    if done == 0:
+        raise ValueError(f"{src_artifact / dec_file}: no MatMul with a constant weight to quantize")
+    say(f"decoder: {done} of {matmuls} MatMul weights stored as 8-bit blocks of {block_size}")
+    _save(qm, out / dec_file)
+    # everything else (vision graph and its data, tokenizer) is copied as it is
+    dec_files = {dec_file, dec_file + ".data"}
+    for name in src.files:
+        if name not in dec_files:
+            shutil.copyfile(src_artifact / name, out / name)
+    files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != mf.MANIFEST)
+    graphs = dict(src.graphs, decoder=dict(src.graphs["decoder"], **_io(out / dec_file)))
+    m = mf.Manifest(
+        format_version=mf.FORMAT_VERSION, source=dict(src.source, base_artifact=str(src_artifact.resolve())),
+        precision=PRECISION, model=src.model, graphs=graphs, kv_cache=src.kv_cache, rope=src.rope,
+        preprocess=src.preprocess, tokens=src.tokens, decode=src.decode, tokenizer=src.tokenizer,
+        files={f: {"bytes": (out / f).stat().st_size, "sha256": _sha256(out / f)} for f in files},
+        export=dict(src.export, weight_int8={
+            "op": "com.microsoft.MatMulNBits", "bits": 8, "block_size": block_size, "symmetric": True,
+            "activations": src.precision, "matmuls_quantized": done, "matmuls_total": matmuls,
+            "seconds": round(time.perf_counter() - t0, 1)}))
+    mf.write_manifest(out, m)
+    total = sum(v["bytes"] for v in m.files.values())
+    say(f"wrote {out} ({total / 2**20:.1f} MiB, {time.perf_counter() - t0:.0f} s)")
+    return m
