@@ -209,7 +209,16 @@ class Decoder(nn.Module):
             m.q, m.k, m.v, m.o = (_p(w[p + f"self_attn.{n}_proj.weight"], dtype) for n in "qkvo")
             m.qn, m.kn = _p(w[p + "self_attn.query_layernorm.weight"], dtype), _p(w[p + "self_attn.key_layernorm.weight"], dtype)
             m.gate, m.up, m.down = (_p(w[p + f"mlp.{n}_proj.weight"], dtype) for n in ("gate", "up", "down"))
+            if attention == "gqa":          # fused projections: one GEMV for q|k|v and one for gate|up
+                m.qkv = nn.Parameter(torch.cat([m.q, m.k, m.v]), requires_grad=False)
+                m.gate_up = nn.Parameter(torch.cat([m.gate, m.up]), requires_grad=False)
             self.layers.append(m)
+        # rotate_half(x) = x @ R: one small MatMul instead of slice/negate/concat (exact: one +-1 per column)
+        d, half = t.head_dim, t.head_dim // 2
+        rot = torch.zeros(d, d, dtype=dtype)
+        rot[torch.arange(half) + half, torch.arange(half)] = -1
+        rot[torch.arange(half), torch.arange(half) + half] = 1
+        self.register_buffer("rope_rotate_half", rot)
 
     @staticmethod
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -240,24 +249,30 @@ class Decoder(nn.Module):
         return logits.float() if logits.dtype != torch.float32 else logits   # no no-op output Cast (NNCF)
 
     def _forward_gqa(self, input_ids, image_embeds, cos, sin, seqlens_k, total_len, *past):
+        """Few kernels per layer (a decode step is bound by their count, not by bytes): fused q|k|v and
+        gate|up projections, RoPE on q and k together in the compute dtype via `rope_rotate_half`, the
+        attention and cache update in one GroupQueryAttention node."""
         t = self.t
         L, s = t.num_layers, input_ids.shape[1]
-        kvh, d = t.num_kv_heads, t.head_dim
+        nq, kvh, d = t.num_heads, t.num_kv_heads, t.head_dim
+        dt = self.embed.dtype
         x = self._embed(input_ids, image_embeds)
-        cos_q, sin_q = cos.reshape(1, s, 1, d), sin.reshape(1, s, 1, d)
+        cos_q, sin_q = cos.reshape(1, s, 1, d).to(dt), sin.reshape(1, s, 1, d).to(dt)
         keys, values = [], []
         for i, m in enumerate(self.layers):
             h = rms_norm(x, m.ln1, t.rms_norm_eps)
-            q = F.linear(h, m.q).reshape(1, s, t.num_heads, d)
-            k = F.linear(h, m.k).reshape(1, s, kvh, d)
-            v = F.linear(h, m.v)
-            q = rms_norm(self._rope(q, cos_q, sin_q), m.qn, t.rms_norm_eps).reshape(1, s, t.num_heads * d)
-            k = rms_norm(self._rope(k, cos_q, sin_q), m.kn, t.rms_norm_eps).reshape(1, s, kvh * d)
-            o, pk, pv = GroupQueryAttention.apply(q, k, v, past[i], past[L + i], seqlens_k, total_len,
-                                                  t.num_heads, kvh)
+            qk, v = F.linear(h, m.qkv).split([(nq + kvh) * d, kvh * d], dim=-1)
+            qk = qk.reshape(1, s, nq + kvh, d)
+            qk = qk * cos_q + torch.matmul(qk, self.rope_rotate_half) * sin_q                 # RoPE, then QK-norm
+            q, k = qk.split([nq, kvh], dim=2)
+            q = rms_norm(q, m.qn, t.rms_norm_eps).reshape(1, s, nq * d)
+            k = rms_norm(k, m.kn, t.rms_norm_eps).reshape(1, s, kvh * d)
+            o, pk, pv = GroupQueryAttention.apply(q, k, v, past[i], past[L + i], seqlens_k, total_len, nq, kvh)
             keys.append(pk)
             values.append(pv)
-            x = self._mlp(m, x + F.linear(o, m.o))
+            x = x + F.linear(o, m.o)
+            gate, up = F.linear(rms_norm(x, m.ln2, t.rms_norm_eps), m.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, m.down)
         return (self._logits(x), *keys, *values)
 
     def forward(self, input_ids, image_embeds, cos, sin, past_len, *past):

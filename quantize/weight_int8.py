@@ -86,9 +86,11 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32,
     flipped = weight_first_matmuls(model)
     if flipped:
         say(f"decoder: {', '.join(flipped)} also stored as [in, out] for its MatMul (the tied lm_head)")
-    matmuls = sum(1 for n in model.graph.node if n.op_type == "MatMul")
+    # the RoPE rotate-half matrix is a +-1 permutation, not a weight: left exact
+    keep = [n.name for n in model.graph.node if n.op_type == "MatMul" and "rope_rotate_half" in n.input[1]]
+    matmuls = sum(1 for n in model.graph.node if n.op_type == "MatMul") - len(keep)
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # a line per node
-    q = MatMulNBitsQuantizer(model, bits=8, block_size=block_size, is_symmetric=True,
+    q = MatMulNBitsQuantizer(model, bits=8, block_size=block_size, is_symmetric=True, nodes_to_exclude=keep,
                              op_types_to_quantize=("MatMul",))
     q.process()
     qm = q.model.model
