@@ -2,7 +2,7 @@
 
     python -m quantize export CHECKPOINT OUT [--precision fp32|fp16] [--max-cache-len N] [--rope-layout A|B]
                                             [--attention masked|gqa]
-    python -m quantize weight-int8 ARTIFACT OUT [--block-size 32]
+    python -m quantize weight-int8 ARTIFACT OUT [--block-size 32] [--include-lm-head]
     python -m quantize tiny OUT [--config tiny-a|tiny-b] [--seed N]
 """
 
@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("artifact", type=Path)
     w.add_argument("out", type=Path)
     w.add_argument("--block-size", type=int, default=32, help="inputs sharing one scale (power of two >= 16)")
+    w.add_argument("--include-lm-head", action="store_true",
+                   help="also the (tied) lm_head, as a second INT8 copy of the embedding (slower on ORT 1.31 CUDA)")
     t = sub.add_parser("tiny", help="make a tiny random-weight HunyuanVL checkpoint (tests, demos)")
     t.add_argument("out", type=Path)
     t.add_argument("--config", choices=["tiny-a", "tiny-b"], default="tiny-a")
@@ -117,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             _build(args)
         elif args.cmd == "weight-int8":
             from quantize.weight_int8 import build_weight_int8
-            _print_sizes(build_weight_int8(args.artifact, args.out, args.block_size, progress=_progress), args.out)
+            _print_sizes(build_weight_int8(args.artifact, args.out, args.block_size,
+                                                  lm_head=args.include_lm_head, progress=_progress), args.out)
         elif args.cmd == "tiny":
             from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
             tc = {"tiny-a": TINY_A, "tiny-b": TINY_B}[args.config]

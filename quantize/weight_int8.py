@@ -62,9 +62,14 @@ def weight_first_matmuls(model) -> list[str]:
     return done
 
 
-def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32,
+def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_head: bool = False,
                       progress: Callable[[str], None] | None = None) -> mf.Manifest:
-    """FP16 (or FP32) artifact -> the same artifact with the decoder's MatMul weights in 8-bit blocks."""
+    """FP16 (or FP32) artifact -> the same artifact with the decoder's MatMul weights in 8-bit blocks.
+
+    The (tied) lm_head stays as it is unless `lm_head`: ONNX Runtime 1.31's CUDA MatMulNBits has no
+    one-row kernel for its shape (vocabulary-wide output) and dequantizes the whole matrix every step
+    (measured on the H200: 0.13 ms a step, more than its FP16 GEMV), and keeping it shares the FP16
+    embedding table instead of storing a second, INT8 copy."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -83,9 +88,10 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32,
     out.mkdir(parents=True, exist_ok=True)
     dec_file = src.graphs["decoder"]["file"]
     model = onnx.load(str(src_artifact / dec_file))          # external data loaded from beside it
-    flipped = weight_first_matmuls(model)
-    if flipped:
-        say(f"decoder: {', '.join(flipped)} also stored as [in, out] for its MatMul (the tied lm_head)")
+    if lm_head:
+        flipped = weight_first_matmuls(model)
+        if flipped:
+            say(f"decoder: {', '.join(flipped)} also stored as [in, out] for its MatMul (the tied lm_head)")
     # the RoPE rotate-half matrix is a +-1 permutation, not a weight: left exact
     keep = [n.name for n in model.graph.node if n.op_type == "MatMul" and "rope_rotate_half" in n.input[1]]
     matmuls = sum(1 for n in model.graph.node if n.op_type == "MatMul") - len(keep)
@@ -113,7 +119,7 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32,
         files={f: {"bytes": (out / f).stat().st_size, "sha256": _sha256(out / f)} for f in files},
         export=dict(src.export, weight_int8={
             "op": "com.microsoft.MatMulNBits", "bits": 8, "block_size": block_size, "symmetric": True,
-            "activations": src.precision, "matmuls_quantized": done, "matmuls_total": matmuls,
+            "activations": src.precision, "matmuls_quantized": done, "matmuls_total": matmuls, "lm_head": lm_head,
             "seconds": round(time.perf_counter() - t0, 1)}))
     mf.write_manifest(out, m)
     total = sum(v["bytes"] for v in m.files.values())

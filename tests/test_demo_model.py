@@ -91,8 +91,8 @@ def _forced(model: OCRModel, path, tokens, task="structured_parse") -> np.ndarra
 
 
 def test_weight_only_int8_tracks_fp32(demo_art, tmp_path):
-    """`quantize weight-int8`: every decoder MatMul weight (the tied lm_head too) as 8-bit blocks, the
-    vision graph untouched.  Fed the FP32 artifact's own tokens on two eval pages, it picks the same
+    """`quantize weight-int8`: every decoder MatMul weight as 8-bit blocks (the tied lm_head too when
+    asked), the vision graph untouched.  Fed the FP32 artifact's own tokens on two eval pages, it picks the same
     next token at >= 90 % of steps and its logits stay within 0.15 of the FP32 ones' spread (free-running
     outputs are not compared: this model invents the variable text, so a tiny change reroutes it)."""
     import onnx
@@ -100,8 +100,9 @@ def test_weight_only_int8_tracks_fp32(demo_art, tmp_path):
     from edgeocr.manifest import read_manifest
     from quantize.weight_int8 import build_weight_int8
 
+    assert build_weight_int8(demo_art, tmp_path / "w8-body").export["weight_int8"]["matmuls_quantized"] == 4 * 7
     out = tmp_path / "w8"
-    m = build_weight_int8(demo_art, out)
+    m = build_weight_int8(demo_art, out, lm_head=True)
     info = m.export["weight_int8"]
     assert m.precision == "int8-weights" and info["matmuls_quantized"] == 4 * 7 + 1   # 4 layers x 7 + lm_head
     g = onnx.load(str(out / "decoder.onnx"), load_external_data=False)

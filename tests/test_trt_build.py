@@ -111,3 +111,19 @@ def test_trt_session_without_engines_says_build(art_a):
         OCRModel(art_a, backend="tensorrt", device="cuda")
     with pytest.raises(BackendError, match="device='cuda'"):
         OCRModel(art_a, backend="tensorrt", device="cpu")
+
+
+def test_build_fp16_engines(ckpt_a, tmp_path):
+    """An FP16 artifact (image embeddings FP16 end to end) gives FP16 engines: strongly typed, so the
+    network's tensors keep the graph's FP16; the image buffer the session shares is FP16 on both sides."""
+    from edgeocr.backends.trt import plan_buffers
+    from edgeocr.manifest import read_manifest
+    from quantize.export import ExportOptions, export
+    art = tmp_path / "fp16"
+    export(ckpt_a, art, ExportOptions(precision="fp16", max_cache_len=1536, max_prefill_len=1400))
+    rec = build(art, BuildOptions(flavour="tensorrt_rtx"), progress=lambda _: None)
+    assert rec["precision"] == "fp16"
+    for g in ("vision", "decoder"):
+        e = rec["engines"][g]
+        assert (art / e["file"]).stat().st_size == e["bytes"] > 50_000 and e["qdq_layers"] == 0
+    assert plan_buffers(read_manifest(art)).buffers["image_embeds"].dtype == "float16"
