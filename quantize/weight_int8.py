@@ -71,7 +71,11 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
     (measured on the H200: 0.13 ms a step, more than its FP16 GEMV), and keeping it shares the FP16
     embedding table instead of storing a second, INT8 copy."""
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    try:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    except ImportError as e:
+        raise ValueError(f"weight-only INT8 needs ONNX Runtime's quantization tools ({e}): "
+                         "pip install 'edgeocr[int8]'") from None
 
     from quantize.export import _io, _save, _sha256
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -47,8 +48,12 @@ def test_time_schedule_ends_on_time_across_resume(tmp_path):
     assert "resumed at step" in r.stderr and " of 4 s" in r.stderr and "done:" in r.stderr
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert 4.0 <= log[-1]["elapsed_s"] < 4.0 + 3 * max(x["step_s"] for x in log)
-    assert log[-1]["lr"] < 0.05 * max(x["lr"] for x in log)
     assert [x["step"] for x in log] == list(range(1, len(log) + 1))
+    # each step's learning rate follows the seconds trained before it: warm-up x cosine over 4 s
+    for x in log:
+        before = max(0.0, x["elapsed_s"] - x["step_s"])
+        want = 1.5e-3 * min(1.0, x["step"] / 150) * 0.5 * (1 + math.cos(math.pi * min(1.0, before / 4)))
+        assert abs(x["lr"] - want) <= 0.03 * 1.5e-3 * min(1.0, x["step"] / 150), (x, want)
 
 
 def _page(tmp_path):
