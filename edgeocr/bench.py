@@ -80,7 +80,7 @@ def _bandwidth(name: str) -> float | None:
 
 
 def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, repeats: int = 1,
-          task: str = "spotting", threads: int | None = None, cuda_graph: bool = False) -> BenchResult:
+          task: str = "spotting", threads: int | None = None, cuda_graph: bool | None = None) -> BenchResult:
     from edgeocr.model import OCRModel
 
     t0 = time.perf_counter()
@@ -125,13 +125,15 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
         peak_device_mib=peak_dev, kv_cache_mib=kv / 2**20, decoder_weight_mib=dec_bytes / 2**20,
         bandwidth_floor_ms=floor, step_copies=step_copies(model.session),
         flavour=(f"attention {m.graphs['decoder'].get('attention', 'masked')}, selection "
-                 f"{'in graph' if model.session.selects else 'host'}, CUDA graph {'on' if cuda_graph else 'off'}"))
+                 f"{'in graph' if model.session.selects else 'host'}, "
+                 f"CUDA graph {'on' if getattr(model.session, 'cuda_graph', False) else 'off'}"))
 
 
 def bench_transformers(checkpoint: str | Path, image, tokens: int, task: str = "spotting",
                        attn: str = "sdpa", dtype: str = "bfloat16") -> dict:
     """transformers `generate` on the same letterboxed image and prompt ids, same number of tokens."""
     import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
 
     from edgeocr.reference import TransformersRunner
 
@@ -141,25 +143,41 @@ def bench_transformers(checkpoint: str | Path, image, tokens: int, task: str = "
     inputs, _ = runner.inputs(image, task)
     ii = inputs["input_ids"]
 
+    class Clock(LogitsProcessor):
+        """Called once per generated token, before it is chosen: a timestamp per step of one generate call
+        (synchronized on CUDA), so first-token and per-token times come from the same run."""
+
+        def __init__(self):
+            self.t: list[float] = []
+
+        def __call__(self, input_ids, scores):
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            self.t.append(time.perf_counter())
+            return scores
+
     def run(n):
+        clock = Clock()
         if dev == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
         with torch.no_grad():
             out = hf.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                              repetition_penalty=1.08, eos_token_id=None, pad_token_id=0)
+                              repetition_penalty=1.08, eos_token_id=None, pad_token_id=0,
+                              logits_processor=LogitsProcessorList([clock]))
         if dev == "cuda":
             torch.cuda.synchronize()
-        return (time.perf_counter() - t) * 1e3, out.shape[1] - ii.shape[1]
+        end = time.perf_counter()
+        return t, end, clock.t, out.shape[1] - ii.shape[1]
 
     run(2)  # warm-up
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    t1, _ = run(1)
-    tn, n = run(tokens)
+    start, end, steps, n = run(tokens)
     peak = torch.cuda.max_memory_allocated() / 2**20 if dev == "cuda" else None
-    return {"attn": attn, "dtype": dtype, "first_token_ms": t1, "total_ms": tn, "new_tokens": n,
-            "decode_ms_per_token": (tn - t1) / max(n - 1, 1), "peak_device_mib": peak}
+    return {"attn": attn, "dtype": dtype, "first_token_ms": (steps[0] - start) * 1e3, "total_ms": (end - start) * 1e3,
+            "new_tokens": n, "decode_ms_per_token": (steps[-1] - steps[0]) * 1e3 / max(len(steps) - 1, 1),
+            "peak_device_mib": peak}
 
 
 def format_table(r: BenchResult, hf: dict | None = None) -> str:

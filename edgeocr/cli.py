@@ -22,7 +22,7 @@ def _run(args) -> int:
     from edgeocr.decode import DecodeOptions
     from edgeocr.model import OCRModel
 
-    model = OCRModel(args.model, device=args.device, threads=args.threads)
+    model = OCRModel(args.model, device=args.device, threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph])
     opts = DecodeOptions(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
     status = EXIT_OK
     for img in args.images:
@@ -113,7 +113,7 @@ def _bench(args) -> int:
     image = args.image or _synthetic_page()
     try:
         r = bench.bench(args.artifact, image, device=args.device, tokens=args.tokens, repeats=args.repeats,
-                        task=args.task, threads=args.threads, cuda_graph=args.cuda_graph)
+                        task=args.task, threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph])
         hf = None
         if args.compare_transformers:
             hf = bench.bench_transformers(args.compare_transformers, image, args.tokens, args.task)
@@ -140,6 +140,15 @@ def _synthetic_page():
     return img
 
 
+_GRAPH = {"auto": None, "on": True, "off": False}
+
+
+def _graph_arg(p) -> None:
+    p.add_argument("--cuda-graph", choices=list(_GRAPH), default="auto",
+                   help="replay the decode step as a CUDA graph: auto (default) = on with --device cuda for "
+                        "artifacts exported with --attention gqa --select-on-device")
+
+
 def main(argv: list[str] | None = None) -> int:
     from edgeocr import prompts
 
@@ -160,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--repetition-penalty", type=float, default=None, help="default: the artifact's (1.08)")
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    _graph_arg(r)
     r.add_argument("--remote", nargs="?", const=os.environ.get("EDGEOCR_REMOTE", "unix:/run/edgeocr/edgeocr.sock"),
                    default=None, metavar="ADDRESS",
                    help="use a running daemon instead of loading the model: unix:/path.sock or http://127.0.0.1:PORT "
@@ -183,9 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--repeats", type=int, default=1, help="timed runs; the fastest is reported")
     b.add_argument("--task", choices=prompts.task_names(), default="spotting")
     b.add_argument("--threads", type=int, default=None)
-    b.add_argument("--cuda-graph", action="store_true",
-                   help="replay the decode step as a CUDA graph (artifact exported with --attention gqa "
-                        "--select-on-device, --device cuda)")
+    _graph_arg(b)
     b.add_argument("--compare-transformers", metavar="CHECKPOINT",
                    help="also run transformers generate (bf16, sdpa) on this checkpoint and print ratios")
     b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")

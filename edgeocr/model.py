@@ -52,7 +52,7 @@ class Prepared:
 
 
 def open_session(artifact: Path, m: Manifest, backend: str, device: str, threads: int | None,
-                 cuda_graph: bool = False):
+                 cuda_graph: bool | None = None):
     if backend == "onnxruntime":
         from edgeocr.backends.ort import OrtSession
         return OrtSession(artifact, m, device=device, threads=threads, cuda_graph=cuda_graph)
@@ -73,7 +73,7 @@ class OCRModel:
     """
 
     def __init__(self, artifact_dir: str | Path, backend: str = "onnxruntime", device: str = "cpu",
-                 threads: int | None = None, rope_layout: str | None = None, cuda_graph: bool = False):
+                 threads: int | None = None, rope_layout: str | None = None, cuda_graph: bool | None = None):
         t0 = time.perf_counter()
         self.path = Path(artifact_dir)
         self.manifest = m = read_manifest(self.path)

@@ -28,10 +28,10 @@ else
   b() { name=$1; shift; python3 -m edgeocr bench "$@" --device cuda --repeats 2 --json "$OUT/bench_$name.json" >> \
         "$OUT/bench.log" 2>&1; }
   [ "${SKIP_MASKED:-0}" = 1 ] || b fp16_masked $W/real-fp16 --tokens $TOKENS
-  b fp16_gqa_graph $W/real-fp16-gqa --tokens $TOKENS --cuda-graph --compare-transformers $W/real-ckpt
-  b w8_gqa_graph $W/real-w8-gqa --tokens $TOKENS --cuda-graph
-  b fp16_gqa_graph_1024 $W/real-fp16-gqa --tokens 1024 --cuda-graph
-  b fp16_gqa16k_graph_1024 $W/real-fp16-gqa-16k --tokens 1024 --cuda-graph
+  b fp16_gqa_graph $W/real-fp16-gqa --tokens $TOKENS --cuda-graph on --compare-transformers $W/real-ckpt
+  b w8_gqa_graph $W/real-w8-gqa --tokens $TOKENS --cuda-graph on
+  b fp16_gqa_graph_1024 $W/real-fp16-gqa --tokens 1024 --cuda-graph on
+  b fp16_gqa16k_graph_1024 $W/real-fp16-gqa-16k --tokens 1024 --cuda-graph on
   python3 scripts/gpu_profile.py $W/real-fp16-gqa --cuda-graph > "$OUT/profile.txt" 2>&1
   python3 scripts/gpu_profile.py $W/real-w8-gqa --cuda-graph 2>&1 | grep -A14 "== decode" >> "$OUT/profile.txt"
 fi

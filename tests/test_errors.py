@@ -142,3 +142,4 @@ def test_cuda_graph_needs_the_fixed_address_flavour(art_a, gqa_arts):
     for art, dev in ((art_a, "cuda"), (gqa_arts["a"], "cuda"), (gqa_arts["a"], "cpu")):
         with pytest.raises(BackendError, match="--attention gqa --select-on-device"):
             OCRModel(art, device=dev, cuda_graph=True)
+    assert not OCRModel(gqa_arts["a"]).session.cuda_graph          # auto (the default): only where it can

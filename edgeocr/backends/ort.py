@@ -49,7 +49,7 @@ class OrtSession:
     """Implements edgeocr.backends.base.Session on ONNX Runtime."""
 
     def __init__(self, artifact: Path, m: Manifest, device: str = "cpu", threads: int | None = None,
-                 cuda_graph: bool = False):
+                 cuda_graph: bool | None = None):
         ort = _ort()
         self.m = m
         kv = m.kv_cache
@@ -66,6 +66,8 @@ class OrtSession:
         self.inplace = m.graphs["decoder"].get("attention", "masked") == "gqa"
         self.selects = bool(m.graphs["decoder"].get("select_on_device", False))
         self.first_token = -1
+        if cuda_graph is None:          # auto: on wherever the artifact allows it
+            cuda_graph = device == "cuda" and self.inplace and self.selects
         self.cuda_graph = bool(cuda_graph)
         if self.cuda_graph and (device != "cuda" or not (self.inplace and self.selects)):
             raise BackendError("CUDA-graph decode needs device 'cuda' and an artifact exported with "
