@@ -56,6 +56,7 @@ class TrainConfig:
     reuse: int = 1                    # each step renders batch/reuse new pages and draws the rest from the
                                       # last replay_pages pages (seeded): rendering is the bottleneck on GPUs
     replay_pages: int = 2048
+    glyph_loss: float = 0.0           # weight of the encoder's per-cell character loss (0 = off); see glyph_cells
     max_target_tokens: int = 640      # longer targets are cut (rare for these documents)
     eval_every: int = 250             # steps between CER evaluations on calibration_data/eval
     eval_images: int = 4
@@ -153,18 +154,95 @@ def reading_page(index: int, seed: int, level: float = 1.0) -> tuple[np.ndarray,
     return canvas, {"text": "\n".join(ln["text"] for ln in lines), "lines": lines}
 
 
-def render(args) -> tuple[np.ndarray, str, str]:
+CELL = 32                      # canvas pixels per merged image token (patch 16 x merge 2)
+GRID = CANVAS // CELL          # merged tokens per side
+
+
+def _charset_index() -> dict:
+    from functools import lru_cache
+
+    @lru_cache(maxsize=1)
+    def build():
+        from quantize.docgen.fonts import generator_charset
+        return {c: i for i, c in enumerate(sorted(generator_charset()))}
+    return build()
+
+
+def glyph_cells(lines: list[dict], scale: float) -> np.ndarray:
+    """Which characters lie in which merged image token: [K, 2] int32 (cell = row * GRID + col, class =
+    index in the generator's charset, len(charset) for any other character).
+
+    Characters are placed along each line's box by width class (CJK 2, others 1), which is close enough
+    at 32-pixel cells.  The targets of the encoder's auxiliary loss (`--glyph-loss`): it teaches the
+    encoder glyphs directly instead of only through the decoder.
+    """
+    index = _charset_index()
+    other = len(index)
+    out = []
+    for ln in lines:
+        x1, y1, x2, y2 = (v * scale for v in ln["box"])
+        text = ln["text"]
+        widths = [2 if ord(c) > 0x2E80 else 1 for c in text]
+        total, acc = sum(widths), 0
+        row = int((y1 + y2) / 2 // CELL)
+        for c, w in zip(text, widths):
+            xc = x1 + (x2 - x1) * (acc + w / 2) / total
+            acc += w
+            col = int(xc // CELL)
+            if not c.isspace() and 0 <= row < GRID and 0 <= col < GRID:
+                out.append((row * GRID + col, index.get(c, other)))
+    return np.asarray(out, np.int32).reshape(-1, 2)
+
+
+class GlyphLoss:
+    """The encoder's auxiliary loss (`--glyph-loss W`): a linear head on each merged image token's
+    embedding predicts which characters lie in its 32x32 cell (multi-label, from `glyph_cells`).  Training
+    only: the head is not part of the checkpoint (it is kept in the resumable state)."""
+
+    def __init__(self, model, hidden: int, device):
+        import torch
+
+        tower = getattr(getattr(model, "model", None), "vision_tower", None)
+        if tower is None:
+            raise ValueError("--glyph-loss: this transformers' HunYuanVL model has no model.vision_tower to read")
+        self.n_cls = len(_charset_index()) + 1
+        self.head = torch.nn.Linear(hidden, self.n_cls).to(device)
+        r = torch.arange(GRID)
+        # the encoder's rows: begin, GRID x (GRID cells + newline), end
+        self.cells = (1 + r[:, None] * (GRID + 1) + r[None, :]).reshape(-1).to(device)
+        self.feats = None
+        tower.register_forward_hook(self._keep)
+
+    def _keep(self, module, args, out):
+        import torch
+        self.feats = out if torch.is_tensor(out) else out.pooler_output
+
+    def __call__(self, batch: list):
+        import torch
+        import torch.nn.functional as F
+
+        b = len(batch)
+        v = self.feats.reshape(b, -1, self.feats.shape[-1])[:, self.cells]               # [B, GRID^2, H]
+        logits = self.head(v.float())
+        target = torch.zeros_like(logits)
+        for k, item in enumerate(batch):
+            g = torch.from_numpy(item[3]).to(logits.device).long()
+            target[k, g[:, 0], g[:, 1]] = 1.0
+        return F.binary_cross_entropy_with_logits(logits, target, reduction="sum") / (b * len(self.cells))
+
+
+def render(args) -> tuple[np.ndarray, str, str, np.ndarray]:
     """Worker: (index, generator seed, share of reading pages, curriculum level) -> (canvas uint8
-    [S, S, 3], task, target)."""
+    [S, S, 3], task, target, glyph cells)."""
     index, seed, reading_frac, level = args
     task = TASKS[index % len(TASKS)]
     if reading_frac and np.random.default_rng([seed, index, 3]).random() < reading_frac:
         canvas, rec = reading_page(index, seed, level)          # drawn on the canvas itself
-        return canvas, task, canvas_target(rec, 1.0, task)
+        return canvas, task, canvas_target(rec, 1.0, task), glyph_cells(rec["lines"], 1.0)
     from quantize.docgen import GenOptions, make_document
     img, rec = make_document(index, seed, GenOptions(degrade_prob=0.5))
     canvas, lb = letterbox(img)
-    return canvas, task, canvas_target(rec, lb.scale, task)
+    return canvas, task, canvas_target(rec, lb.scale, task), glyph_cells(rec["lines"], lb.scale)
 
 
 class PageFeed:
@@ -276,7 +354,7 @@ def collate(batch, ids: dict, tok, cfg: TrainConfig, device):
                                  image=ids["image_token_id"], user=ids["user_token_id"])
     n_img = 32 * 33 + 2
     seqs, labels = [], []
-    for _, task, target in batch:
+    for _, task, target, *_ in batch:
         p = prompts.build_prompt_ids(ptoks, n_img, tok.encode(prompts.task_prompt(task)).ids)
         t = tok.encode(target).ids
         # a cut target gets no end token: the model must not learn to stop mid-page
@@ -288,7 +366,7 @@ def collate(batch, ids: dict, tok, cfg: TrainConfig, device):
     ii = torch.tensor([s + [pad] * (L - len(s)) for s in seqs], device=device)
     lab = torch.tensor([s + [-100] * (L - len(s)) for s in labels], device=device)
     am = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in seqs], device=device)
-    pv = device_patches(np.stack([c for c, _, _ in batch]), device)
+    pv = device_patches(np.stack([item[0] for item in batch]), device)
     return {"input_ids": ii, "labels": lab, "attention_mask": am, "pixel_values": pv,
             "image_grid_thw": torch.tensor([[1, 64, 64]] * len(batch), device=device),
             "mm_token_type_ids": (ii == ids["image_token_id"]).int()}
@@ -343,8 +421,12 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
     model, ids = make_model(cfg, out, init, tokenizer)
     tok = Tokenizer.from_file(str(out / "checkpoint" / "tokenizer.json"))
     model.to(device)
+    glyph = GlyphLoss(model, cfg.hidden, device) if cfg.glyph_loss > 0 else None
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     other = [p for n, p in model.named_parameters() if p.ndim < 2]
+    if glyph is not None:
+        decay.append(glyph.head.weight)
+        other.append(glyph.head.bias)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
     # the schedule runs on steps (--steps), or on training seconds (--gpu-seconds): then learning-rate
@@ -354,6 +436,8 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
     if resume and state_path.exists():
         st = torch.load(state_path, map_location=device, weights_only=False)
         model.load_state_dict(st["model"])
+        if glyph is not None and "glyph_head" in st:
+            glyph.head.load_state_dict(st["glyph_head"])
         opt.load_state_dict(st["opt"])
         step, trained_s = st["step"], st.get("trained_s", 0.0)
         if not steps_given and st.get("gpu_seconds"):     # keep the first invocation's time schedule
@@ -382,6 +466,7 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
         model.save_pretrained(out / "checkpoint")
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "total_steps": total,
                     "gpu_seconds": gpu_seconds if by_time else None,
+                    "glyph_head": glyph.head.state_dict() if glyph is not None else None,
                     "trained_s": trained_s, "config": asdict(cfg)}, state_path)
 
     model.train()
@@ -395,9 +480,14 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
             lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * progress()))
             for g in opt.param_groups:
                 g["lr"] = lr
-            inputs = collate(feed.take(), ids, tok, cfg, device)
+            batch = feed.take()
+            inputs = collate(batch, ids, tok, cfg, device)
             with amp:
                 loss = model(**inputs).loss
+                glyph_v = glyph(batch) if glyph is not None else None
+            if glyph_v is not None:
+                loss_text = float(loss.detach())
+                loss = loss + cfg.glyph_loss * glyph_v
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -408,6 +498,8 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
             trained_s += dt
             rec = {"step": step, "loss": round(loss_v, 4), "lr": lr, "step_s": round(dt, 3),
                    "elapsed_s": round(trained_s, 1), "render_wait_s": round(feed.wait_s, 1)}
+            if glyph_v is not None:          # loss = text loss + W x glyph loss
+                rec.update(loss_text=round(loss_text, 4), loss_glyph=round(float(glyph_v.detach()), 4))
             if step % 10 == 0 or step == 1:
                 log(f"step {step}{f'/{total}' if total else ''} ({progress():.1%}) loss {loss_v:.4f} lr {lr:.2e} "
                     f"({trained_s:.0f} s, {dt * 1000:.0f} ms/step, {feed.wait_s:.0f} s waiting for pages)")
@@ -453,6 +545,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=TrainConfig.batch)
     ap.add_argument("--reuse", type=int, default=TrainConfig.reuse,
                     help="render batch/R new pages per step, the rest replayed from recent pages (default 1: all new)")
+    ap.add_argument("--glyph-loss", type=float, default=TrainConfig.glyph_loss,
+                    help="weight of the encoder's per-cell character loss (teaches glyphs directly; 0 = off)")
     ap.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 15))
     ap.add_argument("--eval-every", type=int, default=TrainConfig.eval_every)
     ap.add_argument("--device", default="cuda")
@@ -461,6 +555,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     cfg = TrainConfig(steps=args.steps or TrainConfig.steps, batch=args.batch, reading_frac=args.reading_frac,
                       data_seed=args.data_seed, curriculum=args.curriculum, workers=args.workers, reuse=args.reuse,
+                      glyph_loss=args.glyph_loss,
                       eval_every=args.eval_every,
                       eval_images=args.eval_images)
     if args.tiny:

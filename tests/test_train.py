@@ -86,3 +86,28 @@ def test_page_feed_reuse_is_seeded_and_keeps_new_pages():
         seen += new
     plain = PageFeed(TrainConfig(batch=4), None, lambda: (0.0, 1.0), render_fn=fake_render)
     assert [p[0] for p in plain.take()] == [0, 1, 2, 3] and not plain.replay
+
+
+def test_glyph_cells_place_characters_in_their_token():
+    """The encoder's auxiliary targets: each character lands in the 32x32 cell its share of the line box
+    puts it in (CJK counts double width), spaces are skipped, unknown characters get the 'other' class."""
+    from quantize.train import GRID, _charset_index, glyph_cells
+
+    idx = _charset_index()
+    cells = glyph_cells([{"text": "AB 中", "box": [0, 40, 160, 60]}, {"text": "€", "box": [64, 0, 80, 10]}], 1.0)
+    # widths 1,1,1,2 of 5 over 160 px: centres 16, 48, (space), 128 -> columns 0, 1, 4; row 50 // 32 = 1
+    assert cells.tolist() == [[GRID + 0, idx["A"]], [GRID + 1, idx["B"]], [GRID + 4, idx["中"]], [2, len(idx)]]
+    half = glyph_cells([{"text": "A", "box": [0, 40, 160, 60]}], 0.5)      # page -> canvas scale
+    assert half.tolist() == [[1, idx["A"]]]                                   # centre 40 -> column 1, row 0
+
+
+def test_glyph_loss_trains_and_stays_out_of_the_checkpoint(tmp_path):
+    out = tmp_path / "glyph"
+    _train(out, 2, "--glyph-loss", "1.0")
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert all(x["loss_glyph"] > 0 and abs(x["loss"] - x["loss_text"] - x["loss_glyph"]) < 1e-3 for x in log)
+    from safetensors import safe_open
+    with safe_open(str(out / "checkpoint" / "model.safetensors"), "np") as f:
+        assert not [k for k in f.keys() if "glyph" in k]
+    r = _train(out, 3, "--resume", "--glyph-loss", "1.0")
+    assert "resumed at step 2" in r.stderr
