@@ -40,6 +40,12 @@ class Manifest:
         return json.dumps(asdict(self), indent=2, ensure_ascii=False)
 
 
+def io_dtype(m: Manifest, graph: str, name: str) -> str:
+    """dtype of graph `graph`'s input or output `name` as recorded at export ("float32" when absent)."""
+    g = m.graphs[graph]
+    return next((e["dtype"] for e in g.get("inputs", []) + g.get("outputs", []) if e["name"] == name), "float32")
+
+
 def write_manifest(directory: Path, m: Manifest) -> None:
     """Atomic write: a reader never sees half a manifest."""
     directory = Path(directory)

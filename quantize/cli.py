@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--device", default="cpu", help="torch device used for tracing")
     _graph_flavour_args(b)
     w = sub.add_parser("weight-int8", help="FP16/FP32 artifact -> decoder MatMul weights as 8-bit blocks "
-                       "(ONNX Runtime MatMulNBits: half the bytes read per decoded token; no calibration)")
+                       "(ONNX Runtime MatMulNBits: fewer bytes read per decoded token; no calibration)")
     w.add_argument("artifact", type=Path)
     w.add_argument("out", type=Path)
     w.add_argument("--block-size", type=int, default=32, help="inputs sharing one scale (power of two >= 16)")
@@ -112,15 +112,13 @@ def main(argv: list[str] | None = None) -> int:
                 max_cache_len=args.max_cache_len, max_prefill_len=args.max_prefill_len,
                 rope_layout=args.rope_layout, precision=args.precision, device=args.device,
                 attention=args.attention, select_on_device=args.select_on_device), progress=_progress)
-            for name, info in sorted(m.files.items()):
-                print(f"{info['bytes'] / 2**20:10.2f} MiB  {name}")
-            print(f"{sum(i['bytes'] for i in m.files.values()) / 2**20:10.2f} MiB  total -> {args.out}")
+            _print_sizes(m, args.out)
         elif args.cmd == "build":
             _build(args)
         elif args.cmd == "weight-int8":
             from quantize.weight_int8 import build_weight_int8
             _print_sizes(build_weight_int8(args.artifact, args.out, args.block_size,
-                                                  lm_head=args.include_lm_head, progress=_progress), args.out)
+                                           lm_head=args.include_lm_head, progress=_progress), args.out)
         elif args.cmd == "tiny":
             from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
             tc = {"tiny-a": TINY_A, "tiny-b": TINY_B}[args.config]

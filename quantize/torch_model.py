@@ -206,19 +206,23 @@ class Decoder(nn.Module):
             p = f"model.layers.{i}."
             m = nn.Module()
             m.ln1, m.ln2 = _p(w[p + "input_layernorm.weight"], dtype), _p(w[p + "post_attention_layernorm.weight"], dtype)
-            m.q, m.k, m.v, m.o = (_p(w[p + f"self_attn.{n}_proj.weight"], dtype) for n in "qkvo")
+            q, k, v, m.o = (w[p + f"self_attn.{n}_proj.weight"] for n in "qkvo")
+            m.o = _p(m.o, dtype)
             m.qn, m.kn = _p(w[p + "self_attn.query_layernorm.weight"], dtype), _p(w[p + "self_attn.key_layernorm.weight"], dtype)
-            m.gate, m.up, m.down = (_p(w[p + f"mlp.{n}_proj.weight"], dtype) for n in ("gate", "up", "down"))
+            gate, up, down = (w[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
+            m.down = _p(down, dtype)
             if attention == "gqa":          # fused projections: one GEMV for q|k|v and one for gate|up
-                m.qkv = nn.Parameter(torch.cat([m.q, m.k, m.v]), requires_grad=False)
-                m.gate_up = nn.Parameter(torch.cat([m.gate, m.up]), requires_grad=False)
+                m.qkv, m.gate_up = _p(np.concatenate([q, k, v]), dtype), _p(np.concatenate([gate, up]), dtype)
+            else:
+                m.q, m.k, m.v, m.gate, m.up = (_p(a, dtype) for a in (q, k, v, gate, up))
             self.layers.append(m)
-        # rotate_half(x) = x @ R: one small MatMul instead of slice/negate/concat (exact: one +-1 per column)
-        d, half = t.head_dim, t.head_dim // 2
-        rot = torch.zeros(d, d, dtype=dtype)
-        rot[torch.arange(half) + half, torch.arange(half)] = -1
-        rot[torch.arange(half), torch.arange(half) + half] = 1
-        self.register_buffer("rope_rotate_half", rot)
+        if attention == "gqa":
+            # rotate_half(x) = x @ R: one small MatMul instead of slice/negate/concat (exact: one +-1 a column)
+            d, half = t.head_dim, t.head_dim // 2
+            rot = torch.zeros(d, d, dtype=dtype)
+            rot[torch.arange(half) + half, torch.arange(half)] = -1
+            rot[torch.arange(half), torch.arange(half) + half] = 1
+            self.register_buffer("rope_rotate_half", rot)
 
     @staticmethod
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ import sys
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -158,14 +159,11 @@ CELL = 32                      # canvas pixels per merged image token (patch 16 
 GRID = CANVAS // CELL          # merged tokens per side
 
 
+@lru_cache(maxsize=1)
 def _charset_index() -> dict:
-    from functools import lru_cache
-
-    @lru_cache(maxsize=1)
-    def build():
-        from quantize.docgen.fonts import generator_charset
-        return {c: i for i, c in enumerate(sorted(generator_charset()))}
-    return build()
+    """Character -> class of the glyph loss (the generator's charset, sorted); built once per process."""
+    from quantize.docgen.fonts import generator_charset
+    return {c: i for i, c in enumerate(sorted(generator_charset()))}
 
 
 def glyph_cells(lines: list[dict], scale: float) -> np.ndarray:
@@ -254,11 +252,11 @@ class PageFeed:
     spent waiting for rendered pages.
     """
 
-    def __init__(self, cfg: TrainConfig, pool, schedule, first_doc: int = 0, start_step: int = 0, render_fn=None):
+    def __init__(self, cfg: TrainConfig, pool, schedule, start_step: int = 0, render_fn=None):
         self.cfg, self.pool, self.schedule = cfg, pool, schedule
         self.render = render_fn or render
         self.fresh = max(1, cfg.batch // max(1, cfg.reuse))
-        self.next_doc = first_doc
+        self.next_doc = start_step * self.fresh          # the first page a resumed run has not used
         self.pending: deque = deque()
         self.replay: deque = deque(maxlen=cfg.replay_pages)
         self.rng = np.random.default_rng([cfg.seed, start_step, 11])
@@ -460,7 +458,7 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
             frac = 0.9 + (cfg.reading_frac - 0.9) * level
         return frac, level
 
-    feed = PageFeed(cfg, pool, schedule, first_doc=step * max(1, cfg.batch // max(1, cfg.reuse)), start_step=step)
+    feed = PageFeed(cfg, pool, schedule, start_step=step)
 
     def save_state():
         model.save_pretrained(out / "checkpoint")
@@ -486,7 +484,7 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
                 loss = model(**inputs).loss
                 glyph_v = glyph(batch) if glyph is not None else None
             if glyph_v is not None:
-                loss_text = float(loss.detach())
+                loss_text = loss.detach()                  # read after the step (no extra sync here)
                 loss = loss + cfg.glyph_loss * glyph_v
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -499,7 +497,7 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
             rec = {"step": step, "loss": round(loss_v, 4), "lr": lr, "step_s": round(dt, 3),
                    "elapsed_s": round(trained_s, 1), "render_wait_s": round(feed.wait_s, 1)}
             if glyph_v is not None:          # loss = text loss + W x glyph loss
-                rec.update(loss_text=round(loss_text, 4), loss_glyph=round(float(glyph_v.detach()), 4))
+                rec.update(loss_text=round(float(loss_text), 4), loss_glyph=round(float(glyph_v.detach()), 4))
             if step % 10 == 0 or step == 1:
                 log(f"step {step}{f'/{total}' if total else ''} ({progress():.1%}) loss {loss_v:.4f} lr {lr:.2e} "
                     f"({trained_s:.0f} s, {dt * 1000:.0f} ms/step, {feed.wait_s:.0f} s waiting for pages)")

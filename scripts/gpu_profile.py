@@ -50,43 +50,38 @@ def main():
     ids = m.prompt_ids(m.instruction("spotting", None)[0])
     cos, sin = m.rope_tables(ids)
 
-    def run_all(n):
-        s.encode_image(prep.pixels, fetch=False)
+    penalty = m.manifest.decode.get("repetition_penalty", 1.08)
+
+    def begin():                                    # once per request, outside the profiles
         if s.selects:
-            s.begin(ids, 1.08)
-        s.prefill(ids, cos, sin)
+            s.begin(ids, penalty)
+
+    def decode(n):
         tok = s.first_token if s.selects else 1
         for k in range(n):
             pos = len(ids) + k
             tok = s.step_token(tok, pos, m.table_cos[pos], m.table_sin[pos]) if s.selects else \
                 int(np.argmax(s.step(tok, pos, m.table_cos[pos], m.table_sin[pos])))
 
-    run_all(8)                                      # warm-up (and graph capture)
+    def profiled(fn):
+        """(CUDA kernels, wall ms) of fn()."""
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            t = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - t) * 1e3
+        return kernels(p), wall
+
+    s.encode_image(prep.pixels, fetch=False)        # warm-up (and graph capture)
+    begin()
+    s.prefill(ids, cos, sin)
+    decode(8)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        t = time.perf_counter()
-        s.encode_image(prep.pixels, fetch=False)
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t) * 1e3
-    report("vision", kernels(p), wall)
-    if s.selects:
-        s.begin(ids, 1.08)
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        t = time.perf_counter()
-        s.prefill(ids, cos, sin)
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t) * 1e3
-    report(f"prefill ({len(ids)} tokens)", kernels(p), wall)
-    tok = s.first_token if s.selects else 1
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        t = time.perf_counter()
-        for k in range(a.steps):
-            pos = len(ids) + k
-            tok = s.step_token(tok, pos, m.table_cos[pos], m.table_sin[pos]) if s.selects else \
-                int(np.argmax(s.step(tok, pos, m.table_cos[pos], m.table_sin[pos])))
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t) * 1e3
-    report("decode", kernels(p), wall, per=a.steps)
+    report("vision", *profiled(lambda: s.encode_image(prep.pixels, fetch=False)))
+    begin()
+    report(f"prefill ({len(ids)} tokens)", *profiled(lambda: s.prefill(ids, cos, sin)))
+    ks, wall = profiled(lambda: decode(a.steps))
+    report("decode", ks, wall, per=a.steps)
 
 
 if __name__ == "__main__":

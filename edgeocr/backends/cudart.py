@@ -90,9 +90,10 @@ class CudaRT:
         self._check(self.lib.cudaGraphLaunch(ctypes.c_void_p(exe), ctypes.c_void_p(stream)), "cudaGraphLaunch")
 
     def memcpy_htod(self, dst: int, src: int, nbytes: int) -> None:
-        rc = self.lib.cudaMemcpy(dst, src, nbytes, _MEMCPY_H2D)
-        if rc != 0:
-            raise BackendError(f"cudaMemcpy (host to device) failed with CUDA error {rc}")
+        self._check(self.lib.cudaMemcpy(dst, src, nbytes, _MEMCPY_H2D), "cudaMemcpy (host to device)")
+
+    def memcpy_dtoh(self, dst: int, src: int, nbytes: int) -> None:
+        self._check(self.lib.cudaMemcpy(dst, src, nbytes, _MEMCPY_D2H), "cudaMemcpy (device to host)")
 
     def sync(self) -> None:
         rc = self.lib.cudaDeviceSynchronize()

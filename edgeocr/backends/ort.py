@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeocr.errors import BackendError
-from edgeocr.manifest import Manifest
+from edgeocr.manifest import Manifest, io_dtype
 
 log = logging.getLogger("edgeocr")
 
@@ -41,10 +41,6 @@ def available_providers() -> list[str]:
         return []
 
 
-def _io_dtype(entries: list, name: str) -> str:
-    return next((e["dtype"] for e in entries if e["name"] == name), "float32")
-
-
 class OrtSession:
     """Implements edgeocr.backends.base.Session on ONNX Runtime."""
 
@@ -60,8 +56,8 @@ class OrtSession:
         self.kv_dtype = _NP[kv["dtype"]]
         # image embeddings: the vision graph's output dtype, and what the decoder takes (equal in artifacts
         # exported since image_embeds follows the compute dtype; older FP16 ones cast on the host)
-        self.vis_dtype = _NP[_io_dtype(m.graphs["vision"]["outputs"], "image_embeds")]
-        self.emb_dtype = _NP[_io_dtype(m.graphs["decoder"]["inputs"], "image_embeds")]
+        self.vis_dtype = _NP[io_dtype(m, "vision", "image_embeds")]
+        self.emb_dtype = _NP[io_dtype(m, "decoder", "image_embeds")]
         self.n_image = m.preprocess["n_image_tokens"]
         self.inplace = m.graphs["decoder"].get("attention", "masked") == "gqa"
         self.selects = bool(m.graphs["decoder"].get("select_on_device", False))
@@ -175,7 +171,7 @@ class OrtSession:
             vb.bind_ortvalue_output("image_embeds", self.image_dev)
             self.vision.run_with_iobinding(vb)
             self._image_dev = self.image_dev
-            return self.image_dev.numpy() if fetch else None
+            return self.image_dev.numpy() if fetch else None   # a copy only when asked for
         out = self.vision.run(["image_embeds"], {"pixels": pixels})[0]
         self.image_embeds = np.ascontiguousarray(out, self.emb_dtype)   # [N_img, H]
         if self.device == "cuda":
@@ -269,7 +265,7 @@ class OrtSession:
             return int(self.next_token[0])
         self.cuda.memcpy_htod(self.step_in["seen"].data_ptr() + 4 * int(token_id), self.h_one.ctypes.data, 4)
         self._run_step_cuda(token_id, pos, cos, sin)
-        return int(self.step_out["next_token"].numpy()[0])
+        return int(self._fetch("next_token", self.h_next)[0])
 
     def memory_bytes(self) -> dict:
         per = self.kvh * self.max_len * self.hd * np.dtype(self.kv_dtype).itemsize
@@ -316,6 +312,8 @@ class OrtSession:
             self.step_in["penalty"] = ort.OrtValue.ortvalue_from_numpy(np.ones((), np.float32), "cuda", 0)
             self.step_out["next_token"] = ort.OrtValue.ortvalue_from_shape_and_type((1,), np.int64, "cuda", 0)
         self.h_one = np.ones((1,), np.float32)
+        self.h_logits = np.zeros((1, self.vocab_size), np.float32)   # readback targets, allocated once
+        self.h_next = np.zeros((1,), np.int64)
         self.caches = self.k + self.v                                   # copy targets, in output order
         self.step_news = [self.step_out[n] for n in self._out_names()[1:]] if not self.inplace else []
         # host staging for the per-step inputs, allocated once
@@ -372,9 +370,14 @@ class OrtSession:
             b.bind_ortvalue_input(name, val)
         return logits
 
+    def _fetch(self, name: str, host: np.ndarray) -> np.ndarray:
+        """A step output into its preallocated host array (overwritten by the next step): no allocation."""
+        self.cuda.memcpy_dtoh(host.ctypes.data, self.step_out[name].data_ptr(), host.nbytes)
+        return host
+
     def _step_cuda(self, token_id, pos, cos, sin) -> np.ndarray:
         self._run_step_cuda(token_id, pos, cos, sin)
-        return self.step_out["logits"].numpy()[0]
+        return self._fetch("logits", self.h_logits)[0]
 
     def _run_step_cuda(self, token_id, pos, cos, sin) -> None:
         self.h_ids[0, 0], self.h_cos[0, 0], self.h_sin[0, 0], self.h_pos[0] = token_id, cos, sin, pos

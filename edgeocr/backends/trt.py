@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeocr.errors import BackendError
-from edgeocr.manifest import Manifest
+from edgeocr.manifest import Manifest, io_dtype
 
 _NP = {"float32": np.float32, "float16": np.float16}
 
@@ -64,8 +64,7 @@ def plan_buffers(m: Manifest) -> Plan:
     kvdt = kv["dtype"]
     p = Plan()
     p.add("pixels", (1, 3, S, S), "float32")
-    emb = {g: next((e["dtype"] for e in m.graphs[g][io] if e["name"] == "image_embeds"), "float32")
-           for g, io in (("vision", "outputs"), ("decoder", "inputs"))}
+    emb = {g: io_dtype(m, g, "image_embeds") for g in ("vision", "decoder")}
     if emb["vision"] != emb["decoder"]:
         raise BackendError(f"this artifact's vision graph writes {emb['vision']} image embeddings but its decoder "
                            f"reads {emb['decoder']}: one device buffer cannot serve both; re-export it with this "
@@ -156,6 +155,7 @@ class TrtSession:
         self.row_bytes = self.hd * np.dtype(self.kv_dtype).itemsize
         self.cuda_graph, self._graph, self._warm = cuda_graph, None, False
         self.image_embeds = None
+        self.has_image = False           # the vision engine has filled the image_embeds buffer
 
     # -- helpers
     def _h2d(self, buf: str, arr: np.ndarray) -> None:
@@ -184,6 +184,7 @@ class TrtSession:
     def encode_image(self, pixels: np.ndarray, fetch: bool = True) -> np.ndarray | None:
         self._h2d("pixels", np.asarray(pixels, np.float32))
         self._run("vision")
+        self.has_image = True
         if not fetch:
             return None
         out = np.empty(self.plan.buffers["image_embeds"].shape, self.plan.buffers["image_embeds"].dtype)
@@ -198,7 +199,7 @@ class TrtSession:
         c.set_input_shape("input_ids", (1, s))
         c.set_input_shape("cos", (1, s, self.hd))
         c.set_input_shape("sin", (1, s, self.hd))
-        n = self.plan.buffers["image_embeds"].shape[0] if self.image_embeds is not None else 1
+        n = self.plan.buffers["image_embeds"].shape[0] if self.has_image else 1
         c.set_input_shape("image_embeds", (n, self.hidden))
         self._h2d("prefill_ids", np.asarray(input_ids, np.int64).reshape(1, s))
         self._h2d("prefill_cos", np.asarray(cos, np.float32))
