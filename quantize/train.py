@@ -157,6 +157,7 @@ def reading_page(index: int, seed: int, level: float = 1.0) -> tuple[np.ndarray,
 
 CELL = 32                      # canvas pixels per merged image token (patch 16 x merge 2)
 GRID = CANVAS // CELL          # merged tokens per side
+SLOTS = 6                      # characters per token the glyph loss names, in reading order
 
 
 @lru_cache(maxsize=1)
@@ -167,16 +168,18 @@ def _charset_index() -> dict:
 
 
 def glyph_cells(lines: list[dict], scale: float) -> np.ndarray:
-    """Which characters lie in which merged image token: [K, 2] int32 (cell = row * GRID + col, class =
-    index in the generator's charset, len(charset) for any other character).
+    """Which characters lie in which merged image token, in reading order: [K, 3] int32 (cell = row * GRID
+    + col, slot = the character's place among its cell's characters (lines in order, then left to right),
+    class = index in the generator's charset, len(charset) for any other character).
 
     Characters are placed along each line's box by width class (CJK 2, others 1), which is close enough
-    at 32-pixel cells.  The targets of the encoder's auxiliary loss (`--glyph-loss`): it teaches the
-    encoder glyphs directly instead of only through the decoder.
+    at 32-pixel cells; characters past SLOTS in one cell are left out.  The targets of the encoder's
+    auxiliary loss (`--glyph-loss`): it teaches the encoder glyphs, and their order inside a token,
+    directly instead of only through the decoder.
     """
     index = _charset_index()
     other = len(index)
-    out = []
+    out, used = [], {}
     for ln in lines:
         x1, y1, x2, y2 = (v * scale for v in ln["box"])
         text = ln["text"]
@@ -188,14 +191,20 @@ def glyph_cells(lines: list[dict], scale: float) -> np.ndarray:
             acc += w
             col = int(xc // CELL)
             if not c.isspace() and 0 <= row < GRID and 0 <= col < GRID:
-                out.append((row * GRID + col, index.get(c, other)))
-    return np.asarray(out, np.int32).reshape(-1, 2)
+                cell = row * GRID + col
+                slot = used.get(cell, 0)
+                if slot < SLOTS:
+                    out.append((cell, slot, index.get(c, other)))
+                    used[cell] = slot + 1
+    return np.asarray(out, np.int32).reshape(-1, 3)
 
 
 class GlyphLoss:
     """The encoder's auxiliary loss (`--glyph-loss W`): a linear head on each merged image token's
-    embedding predicts which characters lie in its 32x32 cell (multi-label, from `glyph_cells`).  Training
-    only: the head is not part of the checkpoint (it is kept in the resumable state)."""
+    embedding names the characters in its 32x32 cell, slot by slot in reading order (SLOTS softmax
+    classifiers over the charset + 'other' + 'none'; targets from `glyph_cells`).  Cross-entropy summed
+    over the slots, averaged over the tokens.  Training only: the head is not part of the checkpoint (it
+    is kept in the resumable state)."""
 
     def __init__(self, model, hidden: int, device):
         import torch
@@ -203,8 +212,8 @@ class GlyphLoss:
         tower = getattr(getattr(model, "model", None), "vision_tower", None)
         if tower is None:
             raise ValueError("--glyph-loss: this transformers' HunYuanVL model has no model.vision_tower to read")
-        self.n_cls = len(_charset_index()) + 1
-        self.head = torch.nn.Linear(hidden, self.n_cls).to(device)
+        self.n_cls = len(_charset_index()) + 2          # charset, other, none
+        self.head = torch.nn.Linear(hidden, SLOTS * self.n_cls).to(device)
         r = torch.arange(GRID)
         # the encoder's rows: begin, GRID x (GRID cells + newline), end
         self.cells = (1 + r[:, None] * (GRID + 1) + r[None, :]).reshape(-1).to(device)
@@ -221,12 +230,13 @@ class GlyphLoss:
 
         b = len(batch)
         v = self.feats.reshape(b, -1, self.feats.shape[-1])[:, self.cells]               # [B, GRID^2, H]
-        logits = self.head(v.float())
-        target = torch.zeros_like(logits)
+        logits = self.head(v).float().reshape(b, GRID * GRID, SLOTS, self.n_cls)
+        target = torch.full((b, GRID * GRID, SLOTS), self.n_cls - 1, dtype=torch.long)   # 'none'
         for k, item in enumerate(batch):
-            g = torch.from_numpy(item[3]).to(logits.device).long()
-            target[k, g[:, 0], g[:, 1]] = 1.0
-        return F.binary_cross_entropy_with_logits(logits, target, reduction="sum") / (b * len(self.cells))
+            g = torch.from_numpy(item[3]).long()
+            target[k, g[:, 0], g[:, 1]] = g[:, 2]
+        target = target.to(logits.device, non_blocking=True)
+        return F.cross_entropy(logits.reshape(-1, self.n_cls), target.reshape(-1), reduction="sum") / (b * GRID * GRID)
 
 
 def render(args) -> tuple[np.ndarray, str, str, np.ndarray]:

@@ -90,15 +90,21 @@ def test_page_feed_reuse_is_seeded_and_keeps_new_pages():
 
 def test_glyph_cells_place_characters_in_their_token():
     """The encoder's auxiliary targets: each character lands in the 32x32 cell its share of the line box
-    puts it in (CJK counts double width), spaces are skipped, unknown characters get the 'other' class."""
-    from quantize.train import GRID, _charset_index, glyph_cells
+    puts it in (CJK counts double width), numbered in reading order inside its cell; spaces are skipped,
+    unknown characters get the 'other' class, characters past SLOTS in one cell are left out."""
+    from quantize.train import GRID, SLOTS, _charset_index, glyph_cells
 
     idx = _charset_index()
     cells = glyph_cells([{"text": "AB 中", "box": [0, 40, 160, 60]}, {"text": "€", "box": [64, 0, 80, 10]}], 1.0)
     # widths 1,1,1,2 of 5 over 160 px: centres 16, 48, (space), 128 -> columns 0, 1, 4; row 50 // 32 = 1
-    assert cells.tolist() == [[GRID + 0, idx["A"]], [GRID + 1, idx["B"]], [GRID + 4, idx["中"]], [2, len(idx)]]
+    assert cells.tolist() == [[GRID + 0, 0, idx["A"]], [GRID + 1, 0, idx["B"]], [GRID + 4, 0, idx["中"]],
+                              [2, 0, len(idx)]]
     half = glyph_cells([{"text": "A", "box": [0, 40, 160, 60]}], 0.5)      # page -> canvas scale
-    assert half.tolist() == [[1, idx["A"]]]                                   # centre 40 -> column 1, row 0
+    assert half.tolist() == [[1, 0, idx["A"]]]                                # centre 40 -> column 1, row 0
+    # two lines in one row of cells: the first line's characters first, then the second's
+    two = glyph_cells([{"text": "12", "box": [0, 2, 30, 14]}, {"text": "345678", "box": [0, 16, 30, 28]}], 1.0)
+    assert two[:, 0].tolist() == [0] * SLOTS and two[:, 1].tolist() == list(range(SLOTS))
+    assert two[:, 2].tolist() == [idx[c] for c in "123456"]
 
 
 def test_glyph_loss_trains_and_stays_out_of_the_checkpoint(tmp_path):
