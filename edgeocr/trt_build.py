@@ -45,6 +45,26 @@ def import_trt(flavour: str = "auto"):
                        "'tensorrt_rtx_cu13' (or tensorrt_rtx_cu12 for CUDA 12 drivers)")
 
 
+def make_logger(trt):
+    """A TensorRT logger that prints warnings and errors (as trt.Logger(WARNING) does) and keeps the errors,
+    so a refusal (e.g. TensorRT-RTX on a GPU it does not support) can be reported in TensorRT's own words."""
+    import sys
+
+    class Logger(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity, msg):
+            level = int(severity)
+            if level <= int(trt.ILogger.Severity.WARNING):
+                print(f"[TRT] {msg}", file=sys.stderr, flush=True)
+            if level <= int(trt.ILogger.Severity.ERROR):
+                self.errors.append(str(msg))
+
+    return Logger()
+
+
 @dataclass(frozen=True)
 class BuildOptions:
     flavour: str = "auto"                 # auto | tensorrt | tensorrt_rtx
@@ -108,7 +128,7 @@ def _progress_monitor(trt, say):
 
 def build_graph(trt, onnx_path: Path, engine_path: Path, profiles, opts: BuildOptions, cache_path: Path | None,
                 say) -> dict:
-    logger = trt.Logger(trt.Logger.WARNING)
+    logger = make_logger(trt)
     builder = trt.Builder(logger)
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     net = builder.create_network(flags)
@@ -160,9 +180,12 @@ def _inspect(trt, logger, engine_path: Path) -> dict:
     """The engine's own layer list (what ran where, fused or not), saved beside it; needs a GPU that the
     engine can load on, so an ahead-of-time build records why it is missing."""
     try:
+        n_err = len(logger.errors)
         engine = trt.Runtime(logger).deserialize_cuda_engine(engine_path.read_bytes())
         if engine is None:
-            return {"available": False, "reason": "the engine does not load on this machine"}
+            why = logger.errors[n_err:]
+            return {"available": False, "reason": "the engine does not load on this machine" +
+                    (f": {why[0][:400]}" if why else "")}
         insp = engine.create_engine_inspector()
         info = json.loads(insp.get_engine_information(trt.LayerInformationFormat.JSON))
         out = engine_path.with_suffix(".layers.json")

@@ -47,7 +47,7 @@ def demo_art(tmp_path_factory):
 
 
 def test_demo_model_reads_eval_pages(demo_art):
-    """Mean CER on the first four held-out pages <= 0.75 (measured 0.59 at 800 tokens; random weights
+    """Mean CER on the first four held-out pages <= 0.65 (measured 0.49 at 400 and 800 tokens; random weights
     give ~1.0), and the shipping label's printed headings come out verbatim."""
     model = OCRModel(demo_art)
     samples = load_dir(EVAL)[:4]
@@ -56,7 +56,7 @@ def test_demo_model_reads_eval_pages(demo_art):
         r = model.recognize(s.path, task="structured_parse", options=DecodeOptions(max_new_tokens=400))
         texts.append(r.text)
         cers.append(metrics.cer(r.text, s.text))
-    assert sum(cers) / len(cers) <= 0.75, cers
+    assert sum(cers) / len(cers) <= 0.65, cers
     assert "SF EXPRESS" in texts[0] and "TRACKING #:" in texts[0], texts[0]
 
 

@@ -36,6 +36,10 @@ def test_build_fp32_engines_via_cli(art_a, tmp_path):
         e = rec["engines"][g]
         assert (art / e["file"]).stat().st_size == e["bytes"] > 100_000
         assert e["qdq_layers"] == 0 and e["network_layers"] > 50
+        # no GPU here: the layer list is missing, and why is said in TensorRT's own words
+        assert not e["engine_layers"]["available"]
+        assert e["engine_layers"]["reason"].startswith("the engine does not load on this machine: ")
+        assert "Error Code" in e["engine_layers"]["reason"]
     # one static vision profile; prefill (S up to max_prefill, all image rows) and decode (S = 1) profiles
     assert len(rec["engines"]["vision"]["profiles"]) == 1
     pre, dec = rec["engines"]["decoder"]["profiles"]

@@ -104,7 +104,7 @@ class TrtSession:
 
     def __init__(self, artifact: Path, m: Manifest, flavour: str = "auto", cuda_graph: bool = True):
         from edgeocr.backends import cudart
-        from edgeocr.trt_build import ENGINES_FILE, check_compatible, import_trt
+        from edgeocr.trt_build import ENGINES_FILE, check_compatible, import_trt, make_logger
 
         rec_path = Path(artifact) / ENGINES_FILE
         if not rec_path.exists():
@@ -119,13 +119,16 @@ class TrtSession:
         self.kv_dtype = _NP[kv["dtype"]]
         self.inplace, self.selects, self.first_token = False, bool(m.graphs["decoder"].get("select_on_device")), -1
         self.name = name.replace("_", "-")
-        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._logger = make_logger(trt)
         runtime = trt.Runtime(self._logger)
         self.engines = {}
         for g in ("vision", "decoder"):
+            n_err = len(self._logger.errors)
             eng = runtime.deserialize_cuda_engine((Path(artifact) / f"{g}.engine").read_bytes())
             if eng is None:
-                raise BackendError(f"{g}.engine does not load here: rebuild it with `edgeocr build {artifact}`")
+                new = self._logger.errors[n_err:]
+                why = f" (TensorRT: {new[0][:400]})" if new else ""
+                raise BackendError(f"{g}.engine does not load here{why}: rebuild it with `edgeocr build {artifact}`")
             self.engines[g] = eng
         self.stream = self.cuda.stream_create()
         self.ptr = {b.name: self.cuda.malloc(b.nbytes) for b in self.plan.buffers.values()}

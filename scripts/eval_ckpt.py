@@ -1,0 +1,53 @@
+"""CER of transformers checkpoints on the first N calibration_data/eval pages (full text, greedy with the
+checkpoint's repetition penalty), page by page, through the transformers reference (no export):
+
+    python scripts/eval_ckpt.py CKPT [CKPT ...] [--pages 16] [--tokens 800] [--device cuda] [--dtype float32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from edgeocr import metrics  # noqa: E402
+from edgeocr.dataset import load_dir  # noqa: E402
+from edgeocr.decode import DecodeOptions  # noqa: E402
+from edgeocr.reference import TransformersRunner  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoints", nargs="+")
+    ap.add_argument("--pages", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=800)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--json", type=Path, help="write the per-page results here")
+    args = ap.parse_args()
+    samples = load_dir(Path(__file__).resolve().parents[1] / "calibration_data" / "eval")[: args.pages]
+    report = {}
+    for ck in args.checkpoints:
+        runner = TransformersRunner(ck, args.device, dtype=args.dtype)
+        t0, rows = time.perf_counter(), []
+        for s in samples:
+            r = runner.recognize(s.path, task="structured_parse", options=DecodeOptions(max_new_tokens=args.tokens))
+            rows.append({"image": Path(s.path).name, "cer": metrics.cer(r.text, s.text), "tokens": r.generated_tokens,
+                         "text": r.text[:300]})
+        cers = [x["cer"] for x in rows]
+        report[ck] = {"mean_cer": float(np.mean(cers)), "median_cer": float(np.median(cers)), "pages": rows}
+        print(f"{ck}: mean CER {np.mean(cers):.4f}, median {np.median(cers):.4f} on {len(cers)} pages "
+              f"({time.perf_counter() - t0:.0f} s); per page " + " ".join(f"{c:.2f}" for c in cers), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, ensure_ascii=False, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
