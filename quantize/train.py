@@ -394,19 +394,28 @@ def device_patches(canvases: np.ndarray, device) -> "torch.Tensor":
     return v.reshape(b, c, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(b * g * g, c * p * p).contiguous()
 
 
-def evaluate(model_dir: Path, n: int, tokens: int = 700) -> dict:
-    """CER of the current checkpoint on calibration_data/eval, through the transformers reference."""
+def eval_pages(model_dir: Path, n: int, tokens: int = 700, device: str | None = None,
+               dtype: str | None = None) -> list[dict]:
+    """Full text of the first `n` calibration_data/eval pages through the transformers reference (greedy,
+    the checkpoint's repetition penalty), page by page: image, CER, tokens generated, text."""
     from edgeocr import metrics
     from edgeocr.dataset import load_dir
     from edgeocr.decode import DecodeOptions
     from edgeocr.reference import TransformersRunner
 
-    runner = TransformersRunner(str(model_dir), "cuda" if _cuda() else "cpu")
+    runner = TransformersRunner(str(model_dir), device or ("cuda" if _cuda() else "cpu"), dtype=dtype)
     root = Path(__file__).resolve().parents[1] / "calibration_data" / "eval"
-    cers = []
+    rows = []
     for s in load_dir(root)[:n]:
         r = runner.recognize(s.path, task="structured_parse", options=DecodeOptions(max_new_tokens=tokens))
-        cers.append(metrics.cer(r.text, s.text))
+        rows.append({"image": s.path.name, "cer": metrics.cer(r.text, s.text), "tokens": r.generated_tokens,
+                     "text": r.text})
+    return rows
+
+
+def evaluate(model_dir: Path, n: int, tokens: int = 700) -> dict:
+    """Mean CER of the current checkpoint on calibration_data/eval (the training log's eval_cer)."""
+    cers = [r["cer"] for r in eval_pages(model_dir, n, tokens)]
     return {"eval_cer": float(np.mean(cers)), "eval_images": len(cers)}
 
 

@@ -16,10 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edgeocr import metrics  # noqa: E402
-from edgeocr.dataset import load_dir  # noqa: E402
-from edgeocr.decode import DecodeOptions  # noqa: E402
-from edgeocr.reference import TransformersRunner  # noqa: E402
+from quantize.train import eval_pages  # noqa: E402
 
 
 def main() -> int:
@@ -31,15 +28,10 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--json", type=Path, help="write the per-page results here")
     args = ap.parse_args()
-    samples = load_dir(Path(__file__).resolve().parents[1] / "calibration_data" / "eval")[: args.pages]
     report = {}
     for ck in args.checkpoints:
-        runner = TransformersRunner(ck, args.device, dtype=args.dtype)
-        t0, rows = time.perf_counter(), []
-        for s in samples:
-            r = runner.recognize(s.path, task="structured_parse", options=DecodeOptions(max_new_tokens=args.tokens))
-            rows.append({"image": Path(s.path).name, "cer": metrics.cer(r.text, s.text), "tokens": r.generated_tokens,
-                         "text": r.text[:300]})
+        t0 = time.perf_counter()
+        rows = eval_pages(Path(ck), args.pages, args.tokens, args.device, args.dtype)
         cers = [x["cer"] for x in rows]
         report[ck] = {"mean_cer": float(np.mean(cers)), "median_cer": float(np.median(cers)), "pages": rows}
         print(f"{ck}: mean CER {np.mean(cers):.4f}, median {np.median(cers):.4f} on {len(cers)} pages "

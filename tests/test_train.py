@@ -36,6 +36,10 @@ def test_train_resume_export_run(tmp_path):
     res = OCRModel(art).recognize(_page(tmp_path),
                                   options=DecodeOptions(max_new_tokens=3))
     assert res.generated_tokens >= 1
+    from quantize.train import eval_pages          # the per-page evaluation behind eval_cer and scripts/eval_ckpt.py
+    rows = eval_pages(ck, 1, tokens=3, device="cpu")
+    assert len(rows) == 1 and rows[0]["image"] == "000000.jpg" and 1 <= rows[0]["tokens"] <= 3
+    assert rows[0]["cer"] > 0.5                     # three tokens cannot cover a page
 
 
 def test_time_schedule_ends_on_time_across_resume(tmp_path):
