@@ -65,6 +65,17 @@ def make_logger(trt):
     return Logger()
 
 
+def deserialize(runtime, logger, blob: bytes):
+    """(engine, None), or (None, why) in TensorRT's own words when the engine does not load here
+    (`runtime` made with `logger`, a make_logger logger; keep the runtime alive as long as the engine)."""
+    n = len(logger.errors)
+    engine = runtime.deserialize_cuda_engine(blob)
+    if engine is not None:
+        return engine, None
+    new = logger.errors[n:]
+    return None, (new[0][:400] if new else "no reason given")
+
+
 @dataclass(frozen=True)
 class BuildOptions:
     flavour: str = "auto"                 # auto | tensorrt | tensorrt_rtx
@@ -180,12 +191,10 @@ def _inspect(trt, logger, engine_path: Path) -> dict:
     """The engine's own layer list (what ran where, fused or not), saved beside it; needs a GPU that the
     engine can load on, so an ahead-of-time build records why it is missing."""
     try:
-        n_err = len(logger.errors)
-        engine = trt.Runtime(logger).deserialize_cuda_engine(engine_path.read_bytes())
+        runtime = trt.Runtime(logger)
+        engine, why = deserialize(runtime, logger, engine_path.read_bytes())
         if engine is None:
-            why = logger.errors[n_err:]
-            return {"available": False, "reason": "the engine does not load on this machine" +
-                    (f": {why[0][:400]}" if why else "")}
+            return {"available": False, "reason": f"the engine does not load on this machine: {why}"}
         insp = engine.create_engine_inspector()
         info = json.loads(insp.get_engine_information(trt.LayerInformationFormat.JSON))
         out = engine_path.with_suffix(".layers.json")

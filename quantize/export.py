@@ -109,6 +109,17 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _file_table(out: Path) -> dict:
+    """The artifact's files for its manifest (name -> bytes, sha256), each made readable by all: a daemon
+    running as another user must be able to read the artifact."""
+    table = {}
+    for p in sorted(out.iterdir()):
+        if p.is_file() and p.name != mf.MANIFEST:
+            p.chmod(0o644)
+            table[p.name] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    return table
+
+
 def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
            progress: Callable[[str], None] | None = None) -> mf.Manifest:
     """Checkpoint directory -> artifact directory.  Returns the written manifest."""
@@ -170,10 +181,6 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
     del dec, w
 
     shutil.copyfile(ckpt / "tokenizer.json", out / "tokenizer.json")
-    for p in out.iterdir():
-        if p.is_file():
-            p.chmod(0o644)      # a daemon running as another user must be able to read the artifact
-    files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != mf.MANIFEST)
     kv_dtype = "float16" if opts.precision == "fp16" else "float32"
     m = mf.Manifest(
         format_version=mf.FORMAT_VERSION,
@@ -200,11 +207,11 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
                 "stop_ids": list(spec.tokens.stop_ids)},
         decode={"repetition_penalty": spec.repetition_penalty},
         tokenizer="tokenizer.json",
-        files={f: {"bytes": (out / f).stat().st_size, "sha256": _sha256(out / f)} for f in files},
+        files=_file_table(out),
         export={"opset": OPSET, "ir_version": IR_VERSION, "seconds": round(time.perf_counter() - t0, 1),
                 "torch": torch.__version__},
     )
     mf.write_manifest(out, m)
     total = sum(x["bytes"] for x in m.files.values())
-    say(f"wrote {out} ({total / 2**20:.1f} MiB in {len(files)} files, {time.perf_counter() - t0:.1f} s)")
+    say(f"wrote {out} ({total / 2**20:.1f} MiB in {len(m.files)} files, {time.perf_counter() - t0:.1f} s)")
     return m

@@ -356,7 +356,7 @@ def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Option
                progress: Callable[[str], None] | None = None) -> mf.Manifest:
     """FP32 artifact + calibration images -> INT8 artifact (explicit Q/DQ)."""
     from edgeocr.dataset import load_dir
-    from quantize.export import _save, _sha256
+    from quantize.export import _file_table, _save
 
     say = progress or (lambda s: log.info("%s", s))
     t0 = time.perf_counter()
@@ -383,17 +383,13 @@ def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Option
         reports[kind] = rep
         say(f"{kind}: {rep['quantized']}/{rep['eligible']} weight layers INT8, {len(rep['kept_fp'])} kept FP")
     shutil.copyfile(fp32_artifact / src.tokenizer, out / src.tokenizer)
-    for p in out.iterdir():
-        if p.is_file():
-            p.chmod(0o644)
-    files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != mf.MANIFEST)
     from quantize.export import _io
     graphs = {k: dict(src.graphs[k], **_io(out / src.graphs[k]["file"])) for k in ("vision", "decoder")}
     m = mf.Manifest(
         format_version=mf.FORMAT_VERSION, source=dict(src.source, fp32_artifact=str(fp32_artifact.resolve())),
         precision="int8", model=src.model, graphs=graphs, kv_cache=src.kv_cache, rope=src.rope,
         preprocess=src.preprocess, tokens=src.tokens, decode=src.decode, tokenizer=src.tokenizer,
-        files={f: {"bytes": (out / f).stat().st_size, "sha256": _sha256(out / f)} for f in files},
+        files=_file_table(out),
         export=dict(src.export, int8={
             "tool": "nncf", "options": asdict(opts), "calibration_set": str(calib_dir),
             "calibration_sha256": _sha_dir(paths[:c]), "holdout_sha256": _sha_dir(paths[c:c + h]),

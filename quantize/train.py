@@ -457,8 +457,11 @@ def train(out: Path, cfg: TrainConfig, device: str, resume: bool, log=print, *,
             glyph.head.load_state_dict(st["glyph_head"])
         opt.load_state_dict(st["opt"])
         step, trained_s = st["step"], st.get("trained_s", 0.0)
-        if not steps_given and st.get("gpu_seconds"):     # keep the first invocation's time schedule
-            by_time, gpu_seconds, total = True, st["gpu_seconds"], None
+        if not steps_given:             # keep the first invocation's schedule (time or steps); --steps overrides it
+            if st.get("gpu_seconds"):
+                by_time, gpu_seconds, total = True, st["gpu_seconds"], None
+            else:
+                total = st.get("total_steps") or total
         log(f"resumed at step {step}" + (f" of {total}" if total else f", {trained_s:.0f} of {gpu_seconds:.0f} s"))
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), indent=2))
     n_params = sum(p.numel() for p in model.parameters())

@@ -77,7 +77,7 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
         raise ValueError(f"weight-only INT8 needs ONNX Runtime's quantization tools ({e}): "
                          "pip install 'edgeocr[int8]'") from None
 
-    from quantize.export import _io, _save, _sha256
+    from quantize.export import _file_table, _io, _save
 
     say = progress or (lambda s: log.info("%s", s))
     t0 = time.perf_counter()
@@ -114,13 +114,12 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
     for name in src.files:
         if name not in dec_files:
             shutil.copyfile(src_artifact / name, out / name)
-    files = sorted(p.name for p in out.iterdir() if p.is_file() and p.name != mf.MANIFEST)
     graphs = dict(src.graphs, decoder=dict(src.graphs["decoder"], **_io(out / dec_file)))
     m = mf.Manifest(
         format_version=mf.FORMAT_VERSION, source=dict(src.source, base_artifact=str(src_artifact.resolve())),
         precision=PRECISION, model=src.model, graphs=graphs, kv_cache=src.kv_cache, rope=src.rope,
         preprocess=src.preprocess, tokens=src.tokens, decode=src.decode, tokenizer=src.tokenizer,
-        files={f: {"bytes": (out / f).stat().st_size, "sha256": _sha256(out / f)} for f in files},
+        files=_file_table(out),
         export=dict(src.export, weight_int8={
             "op": "com.microsoft.MatMulNBits", "bits": 8, "block_size": block_size, "symmetric": True,
             "activations": src.precision, "matmuls_quantized": done, "matmuls_total": matmuls, "lm_head": lm_head,

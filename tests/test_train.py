@@ -42,6 +42,18 @@ def test_train_resume_export_run(tmp_path):
     assert rows[0]["cer"] > 0.5                     # three tokens cannot cover a page
 
 
+def test_resume_keeps_the_stored_step_count(tmp_path):
+    """A step-scheduled run stopped by its budget and resumed without --steps finishes its own schedule
+    (not the default step count)."""
+    out = tmp_path / "steps"
+    r = _train(out, 3, "--budget-s", "0")
+    assert "budget of 0 s reached at step 0" in r.stderr
+    r = _train(out, None, "--resume")
+    assert "resumed at step 0 of 3" in r.stderr
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in log] == [1, 2, 3]
+
+
 def test_time_schedule_ends_on_time_across_resume(tmp_path):
     """--gpu-seconds: the schedule runs on seconds trained; a budget-stopped invocation resumes on the same
     time schedule and the run ends once the seconds are trained, learning rate decayed, curriculum done."""

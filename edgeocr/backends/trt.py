@@ -104,7 +104,7 @@ class TrtSession:
 
     def __init__(self, artifact: Path, m: Manifest, flavour: str = "auto", cuda_graph: bool = True):
         from edgeocr.backends import cudart
-        from edgeocr.trt_build import ENGINES_FILE, check_compatible, import_trt, make_logger
+        from edgeocr.trt_build import ENGINES_FILE, check_compatible, deserialize, import_trt, make_logger
 
         rec_path = Path(artifact) / ENGINES_FILE
         if not rec_path.exists():
@@ -120,15 +120,13 @@ class TrtSession:
         self.inplace, self.selects, self.first_token = False, bool(m.graphs["decoder"].get("select_on_device")), -1
         self.name = name.replace("_", "-")
         self._logger = make_logger(trt)
-        runtime = trt.Runtime(self._logger)
+        self._runtime = trt.Runtime(self._logger)        # outlives the engines
         self.engines = {}
         for g in ("vision", "decoder"):
-            n_err = len(self._logger.errors)
-            eng = runtime.deserialize_cuda_engine((Path(artifact) / f"{g}.engine").read_bytes())
+            eng, why = deserialize(self._runtime, self._logger, (Path(artifact) / f"{g}.engine").read_bytes())
             if eng is None:
-                new = self._logger.errors[n_err:]
-                why = f" (TensorRT: {new[0][:400]})" if new else ""
-                raise BackendError(f"{g}.engine does not load here{why}: rebuild it with `edgeocr build {artifact}`")
+                raise BackendError(f"{g}.engine does not load here (TensorRT: {why}): rebuild it with "
+                                   f"`edgeocr build {artifact}`")
             self.engines[g] = eng
         self.stream = self.cuda.stream_create()
         self.ptr = {b.name: self.cuda.malloc(b.nbytes) for b in self.plan.buffers.values()}
@@ -157,7 +155,6 @@ class TrtSession:
         self._pin["one"][0] = 1.0
         self.row_bytes = self.hd * np.dtype(self.kv_dtype).itemsize
         self.cuda_graph, self._graph, self._warm = cuda_graph, None, False
-        self.image_embeds = None
         self.has_image = False           # the vision engine has filled the image_embeds buffer
 
     # -- helpers
@@ -193,7 +190,6 @@ class TrtSession:
         out = np.empty(self.plan.buffers["image_embeds"].shape, self.plan.buffers["image_embeds"].dtype)
         self.cuda.memcpy_async(out.ctypes.data, self.ptr["image_embeds"], out.nbytes, "dtoh", self.stream)
         self.cuda.stream_sync(self.stream)
-        self.image_embeds = out
         return out
 
     def prefill(self, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
