@@ -1,19 +1,25 @@
-"""Greedy decoding over a Session with HunyuanOCR's decoding contract (spec §7.4).
+"""Greedy decoding steps over a Session with HunyuanOCR's decoding contract (spec §7.4).
 
-prefill -> decode_one_token -> decode_n_tokens, as small named functions.  The contract:
-greedy argmax after an HF-style repetition penalty over every unique id in prompt + output (image
-slots included), stop on the checkpoint's stop ids, stop on tail repetition, cap at max_new_tokens.
+The contract: greedy argmax after an HF-style repetition penalty over every unique id in prompt + output
+(image slots included), stop on the checkpoint's stop ids, stop on tail repetition, cap at max_new_tokens.
+
+Named steps, each over every slot of the session at once (edgeocr.batch runs the loop):
+  prefill           one sequence's prompt into its slot -> its first token
+  decode_one_token  one step of every slot -> each slot's next token, selected on the host
+                    (`select_on_host`: penalty + argmax over the logits) or in the graph (`DeviceSelectSession`)
+  finish_reason     whether a sequence ends with the token it just produced
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from edgeocr.backends.base import Session
+from edgeocr.errors import PromptError
 
 FINISH_STOP = "stop"                # a stop id was produced
 FINISH_LENGTH = "length"            # max_new_tokens reached
@@ -25,7 +31,7 @@ FINISH_CANCELLED = "cancelled"      # the caller's stop_check said stop (deadlin
 @dataclass(frozen=True)
 class DecodeOptions:
     max_new_tokens: int = 1024                 # cap on generated tokens
-    repetition_penalty: float | None = None    # None: the artifact's default (1.08 for 1.5)
+    repetition_penalty: float | None = None    # None: the artifact's default (its checkpoint's)
     ignore_stop: bool = False                  # keep going past stop ids (fixed-length benchmarks)
     tail_repetition_stop: bool = True          # stop when the text tail repeats (spec §7.3)
     tail_min_chars: int = 4000                 # start checking once the text is this long, chars
@@ -33,22 +39,35 @@ class DecodeOptions:
     tail_window: int = 8000                    # look at this many trailing chars
     tail_min_repeats: int = 8                  # a unit repeated this often back to back is a loop
 
-    def validate(self, cache_len: int) -> None:
-        from edgeocr.errors import PromptError
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+    def validate(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) \
+                or self.max_new_tokens < 1:
             raise PromptError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         if self.repetition_penalty is not None and not (self.repetition_penalty > 0):
             raise PromptError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
 
 
 @dataclass
-class DecodeState:
-    tokens: list[int] = field(default_factory=list)     # generated ids, stop id included
+class Sequence:
+    """One page's decoding state while it holds a slot."""
+
+    prompt_ids: np.ndarray                               # [S] int64, image slots included
+    options: DecodeOptions
+    stop_ids: frozenset[int]                             # empty with options.ignore_stop
+    penalty: float                                       # repetition penalty in force
+    tokens: list[int] = field(default_factory=list)      # generated ids, stop id included
     finish_reason: str = ""
+    penalize: "RepetitionPenalty | None" = None          # host selection only
+    next_check: int = 0                                  # text length of the next tail-repetition check
     prefill_ms: float = 0.0
-    decode_ms: float = 0.0
     first_token_ms: float = 0.0                          # prefill end -> first token chosen
-    step_ms: list[float] = field(default_factory=list)   # wall time of each decode step (session.step)
+    decode_ms: float = 0.0                               # first token -> last token
+    step_ms: list[float] = field(default_factory=list)   # wall time of each decode step it took part in
+
+    @property
+    def next_pos(self) -> int:
+        """Cache row the next step writes (the last token's)."""
+        return len(self.prompt_ids) + len(self.tokens) - 1
 
 
 class RepetitionPenalty:
@@ -87,59 +106,56 @@ def tail_repeats(text: str, window: int, min_repeats: int, max_unit: int = 256) 
     return False
 
 
-def greedy(session: Session, prompt_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray,
-           table_cos: np.ndarray, table_sin: np.ndarray, stop_ids: tuple[int, ...], penalty: float,
-           opts: DecodeOptions, text_of: Callable[[list[int]], str] | None = None,
-           state: DecodeState | None = None,
-           stop_check: Callable[[], bool] | None = None) -> Iterator[int]:
-    """Yield generated ids one by one; `state` records finish reason and timings.
-
-    prompt_ids: [S] int64; cos/sin: [S, D] for the prompt; table_cos/sin: [MAX, D] for decode steps.
-    text_of: decodes ids to text, used for the tail-repetition stop.
-    stop_check: called once per token; True ends generation with finish_reason 'cancelled'.
-    """
-    st = state if state is not None else DecodeState()
-    s = int(prompt_ids.shape[0])
-    on_device = bool(getattr(session, "selects", False))     # the graph applies the penalty and argmax
+def prefill(session: Session, slot: int, seq: Sequence, cos: np.ndarray, sin: np.ndarray) -> int:
+    """Write `seq`'s prompt into `slot` and return its first token.  cos/sin: [S, D] for the prompt."""
     t0 = time.perf_counter()
-    if on_device:
-        session.begin(prompt_ids, penalty)
-    logits = session.prefill(prompt_ids, cos, sin)
-    t1 = time.perf_counter()
-    st.prefill_ms = (t1 - t0) * 1e3
-    rp = None if on_device else RepetitionPenalty(session.vocab_size, penalty, prompt_ids)
-    stops = set() if opts.ignore_stop else set(stop_ids)
-    next_check = opts.tail_min_chars
-    tok = session.first_token if on_device else -1          # on device: each step returns the next id
-    for n in range(opts.max_new_tokens):
-        if not on_device:
-            tok = int(np.argmax(rp(logits)))
-        if n == 0:
-            st.first_token_ms = (time.perf_counter() - t1) * 1e3
-        st.tokens.append(tok)
-        pos = s + n                      # cache row the next step would write
-        if tok in stops:
-            st.finish_reason = FINISH_STOP
-        elif n + 1 == opts.max_new_tokens:
-            st.finish_reason = FINISH_LENGTH
-        elif pos >= session.max_len:
-            st.finish_reason = FINISH_CACHE
-        elif stop_check is not None and stop_check():
-            st.finish_reason = FINISH_CANCELLED
-        elif opts.tail_repetition_stop and text_of is not None and len(st.tokens) * 4 >= next_check:
-            text = text_of(st.tokens)
-            if len(text) >= next_check:
-                next_check = len(text) + opts.tail_check_every
-                if tail_repeats(text, opts.tail_window, opts.tail_min_repeats):
-                    st.finish_reason = FINISH_REPETITION
-        yield tok                        # finish_reason is already set when this is the last token
-        if st.finish_reason:
-            break
-        ts = time.perf_counter()
-        if on_device:
-            tok = session.step_token(tok, pos, table_cos[pos], table_sin[pos])
-        else:
-            rp.add(tok)
-            logits = session.step(tok, pos, table_cos[pos], table_sin[pos])
-        st.step_ms.append((time.perf_counter() - ts) * 1e3)
-    st.decode_ms = (time.perf_counter() - t1) * 1e3
+    if session.selects:
+        session.begin(slot, seq.prompt_ids, seq.penalty)
+        tok = session.prefill_token(slot, seq.prompt_ids, cos, sin)
+        seq.prefill_ms = (time.perf_counter() - t0) * 1e3
+    else:
+        logits = session.prefill(slot, seq.prompt_ids, cos, sin)
+        t1 = time.perf_counter()
+        seq.prefill_ms = (t1 - t0) * 1e3
+        seq.penalize = RepetitionPenalty(session.vocab_size, seq.penalty, seq.prompt_ids)
+        tok = int(np.argmax(seq.penalize(logits)))
+        seq.first_token_ms = (time.perf_counter() - t1) * 1e3
+    seq.next_check = seq.options.tail_min_chars
+    return tok
+
+
+def select_on_host(logits: np.ndarray, seqs: list[Sequence | None], prev: np.ndarray, out: np.ndarray) -> None:
+    """Each live slot's next token: mark its previous token seen, penalize, argmax.  logits: [N, V]."""
+    for i, seq in enumerate(seqs):
+        if seq is not None:
+            seq.penalize.add(int(prev[i]))
+            out[i] = int(np.argmax(seq.penalize(logits[i])))
+
+
+def decode_one_token(session: Session, seqs: list[Sequence | None], tokens: np.ndarray, pos: np.ndarray,
+                     cos: np.ndarray, sin: np.ndarray, live: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """One decode step of every slot.  tokens/pos [N] (each live slot's last token and its row), cos/sin
+    [N, D], live [N] bool; the next tokens go into `out` [N] int64 (idle slots: don't-care)."""
+    if session.selects:
+        out[:] = session.step_tokens(tokens, pos, cos, sin, live)
+    else:
+        select_on_host(session.step(tokens, pos, cos, sin, live), seqs, tokens, out)
+    return out
+
+
+def finish_reason(seq: Sequence, tok: int, cache_len: int, text_of: Callable[[list[int]], str] | None) -> str:
+    """Why `seq` ends with `tok` (already appended to seq.tokens), or "" to go on."""
+    n = len(seq.tokens)
+    if tok in seq.stop_ids:
+        return FINISH_STOP
+    if n == seq.options.max_new_tokens:
+        return FINISH_LENGTH
+    if seq.next_pos >= cache_len:                 # no row left for this token
+        return FINISH_CACHE
+    if seq.options.tail_repetition_stop and text_of is not None and n * 4 >= seq.next_check:
+        text = text_of(seq.tokens)
+        if len(text) >= seq.next_check:
+            seq.next_check = len(text) + seq.options.tail_check_every
+            if tail_repeats(text, seq.options.tail_window, seq.options.tail_min_repeats):
+                return FINISH_REPETITION
+    return ""

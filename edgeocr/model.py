@@ -1,19 +1,24 @@
-"""OCRModel: image + instruction in, text (and boxes) out, over an edgeocr artifact."""
+"""OCRModel: image + instruction in, text (and boxes) out, over an edgeocr artifact.
+
+One page (`recognize`, `stream`) or many (`recognize_many`: continuous batching over the artifact's slots);
+all three drive edgeocr.batch.SlotScheduler over the session, so a page's tokens do not depend on how it was
+asked for."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from edgeocr import artifact as af
 from edgeocr import postprocess, preprocess, prompts, rope
-from edgeocr.decode import DecodeOptions, DecodeState, greedy
+from edgeocr.batch import PageRequest, SlotScheduler
+from edgeocr.decode import DecodeOptions, Sequence
 from edgeocr.errors import BackendError, PromptError
-from edgeocr.manifest import Manifest, read_manifest
 from edgeocr.postprocess import TextLine
 from edgeocr.tokenizer import Tokenizer
 
@@ -46,22 +51,36 @@ class OCRResult:
 class Prepared:
     """An image ready for the model."""
 
-    pixels: np.ndarray                 # [1, 3, S, S] float32
+    pixels: np.ndarray                 # [1, 3, S, S] float32, normalized
     letterbox: preprocess.Letterbox
     timings_ms: dict = field(default_factory=dict)
 
 
-def open_session(artifact: Path, m: Manifest, backend: str, device: str, threads: int | None,
+def open_session(path: Path, art: af.Artifact, backend: str, device: str, threads: int | None,
                  cuda_graph: bool | None = None):
     if backend == "onnxruntime":
-        from edgeocr.backends.ort import OrtSession
-        return OrtSession(artifact, m, device=device, threads=threads, cuda_graph=cuda_graph)
+        from edgeocr.backends.ort import open_ort_session
+        return open_ort_session(path, art, device=device, threads=threads, cuda_graph=cuda_graph)
     if backend in ("tensorrt", "tensorrt_rtx"):
         if device != "cuda":
             raise BackendError("the TensorRT backend runs on a GPU: use device='cuda'")
-        from edgeocr.backends.trt import TrtSession
-        return TrtSession(artifact, m, flavour="auto" if backend == "tensorrt" else backend)
+        from edgeocr.backends.tensorrt import TrtSession
+        return TrtSession(path, art, flavour="auto" if backend == "tensorrt" else backend)
     raise BackendError(f"unknown backend {backend!r}; use 'onnxruntime' or 'tensorrt'")
+
+
+class Stream:
+    """Iterate for (token_id, text_delta) as tokens are generated; `result` is the OCRResult once done."""
+
+    def __init__(self, events: Iterator):
+        self._events = events
+        self.result: OCRResult | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        for ev in self._events:
+            if ev.result is not None:
+                self.result = ev.result
+            yield ev.token_id, ev.text_delta
 
 
 class OCRModel:
@@ -70,40 +89,45 @@ class OCRModel:
     >>> model = OCRModel("artifacts/hunyuanocr-fp16", device="cuda")
     >>> result = model.recognize("invoice.png", task="spotting")
     >>> result.text, result.lines[0].box
+    >>> for index, r in model.recognize_many(paths, task="structured_parse"):   # N pages at once
+    ...     print(paths[index], r.text)
+
+    A model is used by one thread at a time.
     """
 
     def __init__(self, artifact_dir: str | Path, backend: str = "onnxruntime", device: str = "cpu",
                  threads: int | None = None, rope_layout: str | None = None, cuda_graph: bool | None = None):
         t0 = time.perf_counter()
         self.path = Path(artifact_dir)
-        self.manifest = m = read_manifest(self.path)
-        self.tokenizer = Tokenizer(self.path / m.tokenizer)
-        self.session = open_session(self.path, m, backend, device, threads, cuda_graph)
-        tk = m.tokens
-        self.prompt_tokens = prompts.PromptTokens(bos=tk["bos"], system_sep=tk["system_sep"], im_start=tk["im_start"],
-                                                  im_end=tk["im_end"], image=tk["image"], user=tk["user"])
-        self.stop_ids = tuple(tk["stop_ids"])
-        pp = m.preprocess
-        self.canvas, self.pad_value = pp["canvas"], pp["pad_value"]
-        self.n_image_tokens = pp["n_image_tokens"]
-        self.grid = (self.canvas // pp["patch_size"], self.canvas // pp["patch_size"])
-        self.merge = pp["merge_size"]
-        r = m.rope
-        self.rope_layout = rope_layout or r["layout"]
-        self.sections = tuple(r["sections"])
-        self.freqs = rope.inv_freq(r["head_dim"], r["theta"], r["alpha"])
-        self.table_cos, self.table_sin = rope.text_table(self.session.max_len, self.freqs)   # [MAX, D]
-        self.max_prefill = m.graphs["decoder"].get("max_prefill_len", self.session.max_len)
+        self.artifact = art = af.read(self.path)
+        self.tokenizer = Tokenizer(self.path / art.tokenizer)
+        self.session = open_session(self.path, art, backend, device, threads, cuda_graph)
+        tk = art.tokens
+        self.prompt_tokens = prompts.PromptTokens(bos=tk.bos, system_sep=tk.system_sep, im_start=tk.im_start,
+                                                  im_end=tk.im_end, image=tk.image, user=tk.user)
+        self.stop_ids = tk.stop_ids
+        self.image_spec = art.image
+        r = art.rope
+        self.rope_layout = rope_layout or r.layout
+        self.freqs = rope.inv_freq(r.head_dim, r.theta, r.alpha)
+        self.table_cos, self.table_sin = rope.text_table(art.cache_len, self.freqs)   # [cache_len, D] each
         self.load_ms = (time.perf_counter() - t0) * 1e3
-        log.info("loaded %s (%s, %s) in %.0f ms", self.path, m.precision, self.session.name, self.load_ms)
+        log.info("loaded %s (%s, %s, %d slot(s)) in %.0f ms", self.path, art.precision, self.session.name,
+                 self.slots, self.load_ms)
+
+    @property
+    def slots(self) -> int:
+        """Pages decoded at once."""
+        return self.session.slots
 
     # ------------------------------------------------------------------ pieces
     def prepare(self, image) -> Prepared:
+        im = self.image_spec
         t0 = time.perf_counter()
         img = preprocess.load_image(image)
         t1 = time.perf_counter()
-        canvas, lb = preprocess.letterbox(img, self.canvas, self.pad_value)
-        pixels = preprocess.normalize(canvas)
+        canvas, lb = preprocess.letterbox(img, im.canvas, im.pad_value)
+        pixels = preprocess.normalize(canvas, mean=im.mean, std=im.std)
         t2 = time.perf_counter()
         return Prepared(pixels, lb, {"load": (t1 - t0) * 1e3, "preprocess": (t2 - t1) * 1e3})
 
@@ -116,52 +140,42 @@ class OCRModel:
         return prompts.task_prompt(task, lang), task
 
     def prompt_ids(self, instruction: str) -> np.ndarray:
-        ids = prompts.build_prompt_ids(self.prompt_tokens, self.n_image_tokens, self.tokenizer.encode(instruction))
-        limit = min(self.max_prefill, self.session.max_len - 1)
+        ids = prompts.build_prompt_ids(self.prompt_tokens, self.image_spec.n_image_tokens,
+                                       self.tokenizer.encode(instruction))
+        limit = min(self.artifact.decoder.prefill_len, self.artifact.cache_len - 1)
         if len(ids) > limit:
-            raise PromptError(f"prompt is {len(ids)} tokens ({len(ids) - self.n_image_tokens} of text), "
+            raise PromptError(f"prompt is {len(ids)} tokens ({len(ids) - self.image_spec.n_image_tokens} of text), "
                               f"longer than the {limit} this artifact's KV cache/prefill allows")
         return np.asarray(ids, np.int64)
 
     def rope_tables(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         start = int(np.flatnonzero(ids == self.prompt_tokens.image)[0])
-        pos = rope.position_ids(len(ids), start, self.grid, self.merge)
-        return rope.cos_sin(pos, self.freqs, self.sections, self.rope_layout)
+        grid = (self.image_spec.grid, self.image_spec.grid)
+        pos = rope.position_ids(len(ids), start, grid, self.image_spec.merge_size)
+        return rope.cos_sin(pos, self.freqs, self.artifact.rope.sections, self.rope_layout)
 
     # ------------------------------------------------------------------ API
-    def _generate(self, image, task, prompt, lang, options: DecodeOptions,
-                  stop_check: Callable[[], bool] | None) -> Iterator[tuple[int, DecodeState]]:
-        """Prepare, encode the image, then yield (token, state) per generated token; the finished
-        OCRResult is left in `self.last_result`."""
-        t_start = time.perf_counter()
-        instruction, task_key = self.instruction(task, prompt, lang)
-        options.validate(self.session.max_len)
-        prep = self.prepare(image)
-        ids = self.prompt_ids(instruction)
-        cos, sin = self.rope_tables(ids)
-        t0 = time.perf_counter()
-        self.session.encode_image(prep.pixels, fetch=False)
-        vision_ms = (time.perf_counter() - t0) * 1e3
-        penalty = options.repetition_penalty or self.manifest.decode.get("repetition_penalty", 1.08)
-        st = DecodeState()
-        for tok in greedy(self.session, ids, cos, sin, self.table_cos, self.table_sin, self.stop_ids, penalty,
-                          options, text_of=self.tokenizer.decode, state=st, stop_check=stop_check):
-            yield tok, st
-        self.last_result = self._result(st, ids, prep, task_key, vision_ms, t_start)
+    def _events(self, request: PageRequest, stop_check: Callable[[], bool] | None, deltas: bool):
+        sched = SlotScheduler(self, deltas=deltas)
+        tag = object()
+        sched.admit(request, tag)
+        while True:
+            for ev in sched.step():
+                yield ev
+                if ev.result is not None:
+                    return
+            if stop_check is not None and stop_check():
+                res = sched.cancel(tag)
+                yield type(ev)(tag, res.token_ids[-1], "", res)
+                return
 
     def stream(self, image, task: str | None = None, prompt: str | None = None, lang: str = "zh",
                options: DecodeOptions = DecodeOptions(),
-               stop_check: Callable[[], bool] | None = None) -> Iterator[tuple[int, str]]:
-        """Yield (token_id, text_delta) as tokens are generated.  The final OCRResult is
-        available as `self.last_result` when the iterator is exhausted."""
-        text_so_far = ""
-        for tok, st in self._generate(image, task, prompt, lang, options, stop_check):
-            text = self.tokenizer.decode(st.tokens)
-            if text.endswith("\ufffd") and not st.finish_reason:   # incomplete UTF-8: hold back
-                yield tok, ""
-                continue
-            delta, text_so_far = text[len(text_so_far):], text
-            yield tok, delta
+               stop_check: Callable[[], bool] | None = None) -> Stream:
+        """Iterate the returned Stream for (token_id, text_delta) as tokens are generated; its `result` is the
+        OCRResult once the iteration ends.  stop_check() returning True ends generation early (finish_reason
+        'cancelled')."""
+        return Stream(self._events(PageRequest(image, task, prompt, lang, options), stop_check, deltas=True))
 
     def recognize(self, image, task: str | None = None, prompt: str | None = None, lang: str = "zh",
                   options: DecodeOptions = DecodeOptions(),
@@ -170,25 +184,47 @@ class OCRModel:
         """Run one image.  task: an official task key (see edgeocr.prompts.task_names()); prompt: a
         custom instruction instead; on_token(id, text_delta) is called as tokens arrive; stop_check()
         returning True ends generation early (finish_reason 'cancelled')."""
-        if on_token is not None:
-            for tok, delta in self.stream(image, task, prompt, lang, options, stop_check):
-                on_token(tok, delta)
-        else:
-            for _ in self._generate(image, task, prompt, lang, options, stop_check):
-                pass
-        return self.last_result
+        request = PageRequest(image, task, prompt, lang, options)
+        result = None
+        for ev in self._events(request, stop_check, deltas=on_token is not None):
+            if on_token is not None:
+                on_token(ev.token_id, ev.text_delta)
+            result = ev.result or result
+        return result
 
-    def _result(self, st: DecodeState, ids, prep: Prepared, task_key, vision_ms, t_start) -> OCRResult:
-        text = postprocess.clean_repeated_substrings(self.tokenizer.decode(st.tokens))
+    def recognize_many(self, images: Iterable, task: str | None = None, prompt: str | None = None,
+                       lang: str = "zh", options: DecodeOptions = DecodeOptions()) -> Iterator[tuple[int, OCRResult]]:
+        """Run many images, `slots` at a time, yielding (index, OCRResult) as pages finish (not necessarily in
+        input order).  `images` is consumed lazily; a freed slot takes the next image at once.  A bad image
+        raises its EdgeOCRError (ImageError, ...) with the pages already yielded kept."""
+        sched = SlotScheduler(self)
+        source = enumerate(images)
+        exhausted = False
+        while True:
+            while not exhausted and sched.free():
+                item = next(source, None)
+                if item is None:
+                    exhausted = True
+                    break
+                sched.admit(PageRequest(item[1], task, prompt, lang, options), item[0])
+            if not sched.live():
+                return
+            for ev in sched.step():
+                if ev.result is not None:
+                    yield ev.tag, ev.result
+
+    def result(self, seq: Sequence, prep: Prepared, task_key, vision_ms: float, t_start: float) -> OCRResult:
+        """A finished sequence as an OCRResult (text cleaned, spotting boxes mapped back to the image)."""
+        text = postprocess.clean_repeated_substrings(self.tokenizer.decode(seq.tokens))
         lines = []
         if task_key in prompts.SPOTTING_TASKS:
-            lines = postprocess.parse_spotting(text, prep.letterbox, self.canvas)
-        n = len(st.tokens)
+            lines = postprocess.parse_spotting(text, prep.letterbox, self.image_spec.canvas)
+        n = len(seq.tokens)
         timings = dict(prep.timings_ms)
-        timings.update({"vision": vision_ms, "prefill": st.prefill_ms, "decode": st.decode_ms,
-                        "first_token": vision_ms + st.prefill_ms + st.first_token_ms,
-                        "per_token": st.decode_ms / max(n - 1, 1) if n > 1 else 0.0,
+        timings.update({"vision": vision_ms, "prefill": seq.prefill_ms, "decode": seq.decode_ms,
+                        "first_token": vision_ms + seq.prefill_ms + seq.first_token_ms,
+                        "per_token": seq.decode_ms / (n - 1) if n > 1 else 0.0,
                         "total": (time.perf_counter() - t_start) * 1e3})
-        return OCRResult(text=text, lines=lines, finish_reason=st.finish_reason, prompt_tokens=len(ids),
-                         generated_tokens=n, token_ids=list(st.tokens), timings_ms=timings, task=task_key,
-                         image_size=(prep.letterbox.width, prep.letterbox.height), step_ms=tuple(st.step_ms))
+        return OCRResult(text=text, lines=lines, finish_reason=seq.finish_reason, prompt_tokens=len(seq.prompt_ids),
+                         generated_tokens=n, token_ids=list(seq.tokens), timings_ms=timings, task=task_key,
+                         image_size=(prep.letterbox.width, prep.letterbox.height), step_ms=tuple(seq.step_ms))

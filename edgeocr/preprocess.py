@@ -6,6 +6,7 @@ Pillow's default bicubic, as the reference processor uses (spec §5.1); normaliz
 
 from __future__ import annotations
 
+import functools
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,21 +131,24 @@ def letterbox(img, canvas: int = CANVAS, pad_value: int = PAD_VALUE) -> tuple[np
     return out, Letterbox(width=w, height=h, scale=scale, new_w=nw, new_h=nh)
 
 
-def _lut() -> np.ndarray:
+@functools.lru_cache(maxsize=4)
+def _lut(mean: tuple[float, ...] = MEAN, std: tuple[float, ...] = STD) -> np.ndarray:
     """[3, 256] float32: the normalized value of every uint8 level per channel, (v/255 - mean) / std."""
     v = np.arange(256, dtype=np.float32) * np.float32(1 / 255)
-    return np.stack([(v - np.float32(m)) / np.float32(s) for m, s in zip(MEAN, STD)])
+    return np.stack([(v - np.float32(m)) / np.float32(s) for m, s in zip(mean, std)])
 
 
-_LUT = _lut()
+_LUT = _lut()          # the default (CLIP) table, [3, 256]
 
 
-def normalize(canvas_rgb: np.ndarray, dtype=np.float32) -> np.ndarray:
+def normalize(canvas_rgb: np.ndarray, dtype=np.float32, mean: tuple[float, ...] = MEAN,
+              std: tuple[float, ...] = STD) -> np.ndarray:
     """uint8 [S, S, 3] -> [1, 3, S, S] (x/255 - mean) / std in float32, through a per-channel lookup table."""
+    lut = _lut(tuple(mean), tuple(std))
     chw = np.ascontiguousarray(canvas_rgb.transpose(2, 0, 1))         # [3, S, S] uint8
     out = np.empty((1,) + chw.shape, np.float32)
     for c in range(3):
-        np.take(_LUT[c], chw[c], out=out[0, c])
+        np.take(lut[c], chw[c], out=out[0, c])
     return out if dtype == np.float32 else out.astype(dtype)
 
 

@@ -1,9 +1,12 @@
 """`python -m quantize`: the offline toolchain (needs the [export] extra: torch, transformers, onnx).
 
-    python -m quantize export CHECKPOINT OUT [--precision fp32|fp16] [--max-cache-len N] [--rope-layout A|B]
-                                            [--attention masked|gqa]
+    python -m quantize export CHECKPOINT OUT [--precision fp32|fp16] [--cache-len N] [--slots N]
+                                            [--rope-layout A|B] [--attention masked|gqa] [--select-on-device]
+    python -m quantize int8 CHECKPOINT OUT [--calib DIR]       (calibrated W8A8, explicit Q/DQ)
     python -m quantize weight-int8 ARTIFACT OUT [--block-size 32] [--include-lm-head]
     python -m quantize tiny OUT [--config tiny-a|tiny-b] [--seed N]
+    python -m quantize train ...       (the demo model's trainer: python -m quantize train --help)
+    python -m quantize docgen ...      (the synthetic business-document generator)
 """
 
 from __future__ import annotations
@@ -27,31 +30,47 @@ def _print_sizes(m, out) -> None:
     print(f"{sum(i['bytes'] for i in m.files.values()) / 2**20:10.2f} MiB  total -> {out}")
 
 
-def _build(args) -> None:
+def _export_options(args, precision: str):
+    from quantize.export import ExportOptions
+    return ExportOptions(cache_len=args.cache_len, prefill_len=args.prefill_len, slots=args.slots,
+                         rope_layout=args.rope_layout, precision=precision, device=args.device,
+                         attention=args.attention, select_on_device=args.select_on_device)
+
+
+def _int8(args) -> None:
+    """Checkpoint -> FP32 export in a scratch directory -> calibrated INT8 artifact."""
     import shutil
     import tempfile
 
-    from quantize.export import ExportOptions, export
+    from quantize.export import export
+    from quantize.int8 import Int8Options, build_int8
 
     t0 = time.perf_counter()
-    common = dict(max_cache_len=args.max_cache_len, max_prefill_len=args.max_prefill_len,
-                  rope_layout=args.rope_layout, device=args.device, attention=args.attention,
-                  select_on_device=args.select_on_device)
-    if args.precision in ("fp16", "fp32"):
-        m = export(args.checkpoint, args.out, ExportOptions(precision=args.precision, **common), progress=_progress)
-    else:
-        from quantize.int8 import Int8Options, build_int8
-        args.out.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(dir=args.out.parent, prefix=".fp32-"))
-        try:
-            export(args.checkpoint, work, ExportOptions(precision="fp32", **common), progress=_progress)
-            m = build_int8(work, args.calib, args.out, Int8Options(
-                calib_images=args.calib_images, holdout_images=args.holdout_images,
-                max_reverted=0 if args.no_sensitivity else Int8Options.max_reverted), progress=_progress)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=args.out.parent, prefix=".fp32-"))
+    try:
+        export(args.checkpoint, work, _export_options(args, "fp32"), progress=_progress)
+        m = build_int8(work, args.calib, args.out, Int8Options(
+            calib_images=args.calib_images, holdout_images=args.holdout_images,
+            max_reverted=0 if args.no_sensitivity else Int8Options.max_reverted), progress=_progress)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     _print_sizes(m, args.out)
-    _progress(f"{args.precision} artifact built in {time.perf_counter() - t0:.0f} s")
+    _progress(f"int8 artifact built in {time.perf_counter() - t0:.0f} s")
+
+
+def _export_args(p) -> None:
+    """What every checkpoint -> artifact command takes: shapes fixed at export, graph flavour."""
+    p.add_argument("checkpoint", type=Path, help="Hugging Face HunyuanOCR checkpoint directory")
+    p.add_argument("out", type=Path, help="artifact directory to write")
+    p.add_argument("--cache-len", type=int, default=4096, help="static KV cache length per slot, tokens (default 4096)")
+    p.add_argument("--prefill-len", type=int, default=2048, help="longest prompt, tokens (default 2048)")
+    p.add_argument("--slots", type=int, default=1,
+                   help="pages decoded at once: the decoder and KV cache hold this many sequences (default 1)")
+    p.add_argument("--rope-layout", choices=["A", "B"], default="B",
+                   help="XD-RoPE layout: B = transformers >= 5.13 (default), A = vLLM / Tencent training code")
+    p.add_argument("--device", default="cpu", help="torch device used for tracing (cuda speeds up big models)")
+    _graph_flavour_args(p)
 
 
 def _graph_flavour_args(p) -> None:
@@ -67,30 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m quantize", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    e = sub.add_parser("export", help="checkpoint -> ONNX artifact directory")
-    e.add_argument("checkpoint", type=Path, help="Hugging Face HunyuanOCR checkpoint directory")
-    e.add_argument("out", type=Path, help="artifact directory to write")
+    e = sub.add_parser("export", help="checkpoint -> FP32/FP16 ONNX artifact directory")
+    _export_args(e)
     e.add_argument("--precision", choices=["fp32", "fp16"], default="fp32")
-    e.add_argument("--max-cache-len", type=int, default=4096, help="static KV cache length, tokens (default 4096)")
-    e.add_argument("--max-prefill-len", type=int, default=2048, help="longest prompt, tokens (default 2048)")
-    e.add_argument("--rope-layout", choices=["A", "B"], default="B",
-                   help="XD-RoPE layout: B = transformers >= 5.13 (default), A = vLLM / Tencent training code")
-    e.add_argument("--device", default="cpu", help="torch device used for tracing (cuda speeds up big models)")
-    _graph_flavour_args(e)
-    b = sub.add_parser("build", help="checkpoint -> FP16 artifact, or checkpoint + calibration images -> INT8 artifact")
-    b.add_argument("checkpoint", type=Path)
-    b.add_argument("out", type=Path)
-    b.add_argument("--precision", choices=["fp16", "int8", "fp32"], default="fp16")
-    b.add_argument("--calib", type=Path, default=Path("calibration_data/calib"), help="calibration images (INT8)")
+    b = sub.add_parser("int8", help="checkpoint + calibration images -> calibrated INT8 artifact (explicit Q/DQ)")
+    _export_args(b)
+    b.add_argument("--calib", type=Path, default=Path("calibration_data/calib"), help="calibration images")
     b.add_argument("--calib-images", type=int, default=32)
     b.add_argument("--holdout-images", type=int, default=8)
     b.add_argument("--no-sensitivity", action="store_true",
                    help="measure the held-out gate but do not revert layers when it fails")
-    b.add_argument("--max-cache-len", type=int, default=4096)
-    b.add_argument("--max-prefill-len", type=int, default=2048)
-    b.add_argument("--rope-layout", choices=["A", "B"], default="B")
-    b.add_argument("--device", default="cpu", help="torch device used for tracing")
-    _graph_flavour_args(b)
     w = sub.add_parser("weight-int8", help="FP16/FP32 artifact -> decoder MatMul weights as 8-bit blocks "
                        "(ONNX Runtime MatMulNBits: fewer bytes read per decoded token; no calibration)")
     w.add_argument("artifact", type=Path)
@@ -102,19 +107,26 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("out", type=Path)
     t.add_argument("--config", choices=["tiny-a", "tiny-b"], default="tiny-a")
     t.add_argument("--seed", type=int, default=0)
+    sub.add_parser("train", help="train the demo model (options: python -m quantize train --help)", add_help=False)
+    sub.add_parser("docgen", help="generate synthetic business documents (python -m quantize docgen --help)",
+                   add_help=False)
     ap.add_argument("-v", "--verbose", action="store_true")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("train", "docgen"):          # their own argument parsers
+        if argv[0] == "train":
+            from quantize.train import main as train_main
+            return train_main(argv[1:])
+        from quantize.docgen import main as docgen_main
+        return docgen_main(argv[1:])
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.cmd == "export":
-            from quantize.export import ExportOptions, export
-            m = export(args.checkpoint, args.out, ExportOptions(
-                max_cache_len=args.max_cache_len, max_prefill_len=args.max_prefill_len,
-                rope_layout=args.rope_layout, precision=args.precision, device=args.device,
-                attention=args.attention, select_on_device=args.select_on_device), progress=_progress)
+            from quantize.export import export
+            m = export(args.checkpoint, args.out, _export_options(args, args.precision), progress=_progress)
             _print_sizes(m, args.out)
-        elif args.cmd == "build":
-            _build(args)
+        elif args.cmd == "int8":
+            _int8(args)
         elif args.cmd == "weight-int8":
             from quantize.weight_int8 import build_weight_int8
             _print_sizes(build_weight_int8(args.artifact, args.out, args.block_size,

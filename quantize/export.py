@@ -1,9 +1,10 @@
 """Export a HunyuanVL checkpoint to a versioned edgeocr artifact directory.
 
     artifact/
-      manifest.json        what everything is (edgeocr.manifest.FORMAT_VERSION)
+      manifest.json        what everything is (edgeocr.artifact.Artifact, FORMAT_VERSION)
       vision.onnx (+ .data)   [1, 3, S, S] float32 pixels -> [N_img, H] image embeddings
-      decoder.onnx (+ .data)  prefill (S tokens) and decode (S = 1) over a static KV cache
+      decoder.onnx (+ .data)  prefill (one sequence, S tokens) and decode (every slot, 1 token each) over a
+                              static KV cache of `slots` sequences
       tokenizer.json
 """
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-from edgeocr import manifest as mf
+from edgeocr import artifact as af
 from edgeocr import preprocess
 from quantize.checkpoint import ModelSpec, checkpoint_hash, load_tensors, read_spec
 
@@ -31,8 +32,9 @@ IR_VERSION = 8      # readable by ONNX Runtime >= 1.14 and TensorRT 10.x
 @dataclass(frozen=True)
 class ExportOptions:
     image_size: int = preprocess.CANVAS          # fixed square input, pixels
-    max_cache_len: int = 4096                    # static KV cache length, tokens (prompt + output)
-    max_prefill_len: int = 2048                  # longest prompt the prefill profile accepts, tokens
+    cache_len: int = 4096                        # static KV cache length per slot, tokens (prompt + output)
+    prefill_len: int = 2048                      # longest prompt the prefill profile accepts, tokens
+    slots: int = 1                               # sequences decoded at once (KV cache [slots, ...] per layer)
     rope_layout: str = "B"                       # "B" = transformers >= 5.13, "A" = vLLM/Tencent training
     precision: str = "fp32"                      # "fp32" or "fp16" (weights and activations; norms/softmax/RoPE fp32)
     pad_value: int = preprocess.PAD_VALUE        # letterbox fill, 0..255 (white for documents)
@@ -98,7 +100,7 @@ def _io(path: Path) -> dict:
         dims = [d.dim_param if d.dim_param else int(d.dim_value) for d in tt.shape.dim]
         return {"name": v.name, "shape": dims, "dtype": onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name}
 
-    return {"inputs": [desc(v) for v in m.graph.input], "outputs": [desc(v) for v in m.graph.output]}
+    return {"inputs": tuple(desc(v) for v in m.graph.input), "outputs": tuple(desc(v) for v in m.graph.output)}
 
 
 def _sha256(path: Path) -> str:
@@ -114,14 +116,14 @@ def _file_table(out: Path) -> dict:
     running as another user must be able to read the artifact."""
     table = {}
     for p in sorted(out.iterdir()):
-        if p.is_file() and p.name != mf.MANIFEST:
+        if p.is_file() and p.name != af.MANIFEST:
             p.chmod(0o644)
             table[p.name] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
     return table
 
 
 def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
-           progress: Callable[[str], None] | None = None) -> mf.Manifest:
+           progress: Callable[[str], None] | None = None) -> af.Artifact:
     """Checkpoint directory -> artifact directory.  Returns the written manifest."""
     import torch
 
@@ -134,8 +136,10 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
         raise ValueError(f"rope_layout must be 'A' or 'B', not {opts.rope_layout!r}")
     if opts.attention not in ("masked", "gqa"):
         raise ValueError(f"attention must be 'masked' or 'gqa', not {opts.attention!r}")
-    if opts.max_prefill_len > opts.max_cache_len:
-        raise ValueError("max_prefill_len cannot exceed max_cache_len")
+    if opts.prefill_len > opts.cache_len:
+        raise ValueError(f"prefill_len ({opts.prefill_len}) cannot exceed cache_len ({opts.cache_len})")
+    if not isinstance(opts.slots, int) or not 1 <= opts.slots <= 256:
+        raise ValueError(f"slots must be an integer in 1..256, not {opts.slots!r}")
     dtype = _torch_dtype(opts.precision)
     spec: ModelSpec = read_spec(ckpt)
     say(f"reading weights from {ckpt}")
@@ -144,74 +148,72 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
     out.mkdir(parents=True, exist_ok=True)
     t, v = spec.text, spec.vision
     S = opts.image_size
-    grid = S // v.patch_size
-    n_img = (grid // v.spatial_merge_size) * (grid // v.spatial_merge_size + 1) + 2
+    n_img = af.image_token_count(S, v.patch_size, v.spatial_merge_size)
 
     say(f"exporting vision graph [1, 3, {S}, {S}] -> [{n_img}, {t.hidden_size}] ({opts.precision})")
     ve = VisionEncoder(spec, w, S, dtype, fused_attention=opts.attention == "gqa").eval()
     _export(ve, (torch.zeros(1, 3, S, S),), out / "vision.onnx", ["pixels"], ["image_embeds"], None, opts.device)
     del ve
 
-    say(f"exporting decoder graph: {t.num_layers} layers, KV cache {opts.max_cache_len} tokens")
-    dec = Decoder(spec, w, opts.max_cache_len, dtype, attention=opts.attention).eval()
+    say(f"exporting decoder graph: {t.num_layers} layers, KV cache {opts.slots} x {opts.cache_len} tokens")
+    dec = Decoder(spec, w, opts.cache_len, dtype, attention=opts.attention).eval()
     L, kvh, d = t.num_layers, t.num_kv_heads, t.head_dim
-    ex_s = 3
-    past = [torch.zeros(1, kvh, opts.max_cache_len, d, dtype=dtype) for _ in range(2 * L)]
+    ex_b, ex_s = 2, 3          # example batch and length: both traced as dynamic axes
+    past = [torch.zeros(ex_b, kvh, opts.cache_len, d, dtype=dtype) for _ in range(2 * L)]
     past_names = [f"past_key_{i}" for i in range(L)] + [f"past_value_{i}" for i in range(L)]
-    dyn = {"input_ids": {1: "seq"}, "cos": {1: "seq"}, "sin": {1: "seq"}, "image_embeds": {0: "n_image"}}
+    dyn = {"input_ids": {0: "batch", 1: "seq"}, "cos": {0: "batch", 1: "seq"}, "sin": {0: "batch", 1: "seq"},
+           "image_embeds": {0: "n_image"}, "logits": {0: "batch"}, **{n: {0: "batch"} for n in past_names}}
     # image_embeds in the compute dtype: the vision graph's output binds to it as it is (no cast, no copy)
-    common = (torch.zeros(1, ex_s, dtype=torch.int64), torch.zeros(n_img, t.hidden_size, dtype=dtype),
-              torch.zeros(1, ex_s, d), torch.zeros(1, ex_s, d))
+    common = (torch.zeros(ex_b, ex_s, dtype=torch.int64), torch.zeros(n_img, t.hidden_size, dtype=dtype),
+              torch.zeros(ex_b, ex_s, d), torch.zeros(ex_b, ex_s, d))
     if opts.attention == "gqa":
-        args = (*common, torch.full((1,), ex_s - 1, dtype=torch.int32), torch.tensor(ex_s, dtype=torch.int32), *past)
+        args = (*common, torch.full((ex_b,), ex_s - 1, dtype=torch.int32), torch.tensor(ex_s, dtype=torch.int32),
+                *past)
         in_names = ["input_ids", "image_embeds", "cos", "sin", "seqlens_k", "total_sequence_length", *past_names]
         out_names = [f"present_key_{i}" for i in range(L)] + [f"present_value_{i}" for i in range(L)]
+        dyn["seqlens_k"] = {0: "batch"}
+        dyn.update({n: {0: "batch"} for n in out_names})
     else:
-        args = (*common, torch.zeros(1, dtype=torch.int64), *past)
+        args = (*common, torch.zeros(ex_b, dtype=torch.int64), *past)
         in_names = ["input_ids", "image_embeds", "cos", "sin", "past_len", *past_names]
         out_names = [f"new_key_{i}" for i in range(L)] + [f"new_value_{i}" for i in range(L)]
-        dyn.update({n: {2: "seq"} for n in out_names})
+        dyn["past_len"] = {0: "batch"}
+        dyn.update({n: {0: "batch", 2: "seq"} for n in out_names})
     head = ["logits"]
     if opts.select_on_device:
         dec = DeviceSelect(dec).eval()
-        args = (*args[:4], torch.zeros(1, t.vocab_size), torch.tensor(1.08), *args[4:])
+        args = (*args[:4], torch.zeros(ex_b, t.vocab_size), torch.full((ex_b,), spec.repetition_penalty), *args[4:])
         in_names = [*in_names[:4], "seen", "penalty", *in_names[4:]]
         head = ["logits", "next_token"]
+        dyn.update({"seen": {0: "batch"}, "penalty": {0: "batch"}, "next_token": {0: "batch"}})
     _export(dec, args, out / "decoder.onnx", in_names, [*head, *out_names], dyn, opts.device)
     del dec, w
 
     shutil.copyfile(ckpt / "tokenizer.json", out / "tokenizer.json")
-    kv_dtype = "float16" if opts.precision == "fp16" else "float32"
-    m = mf.Manifest(
-        format_version=mf.FORMAT_VERSION,
-        source={"checkpoint": str(ckpt.resolve()), "sha256": src_hash},
+    tk = spec.tokens
+    m = af.Artifact(
         precision=opts.precision,
+        source={"checkpoint": str(ckpt.resolve()), "sha256": src_hash},
         model=spec.to_dict(),
-        graphs={"vision": {"file": "vision.onnx", **_io(out / "vision.onnx"),
-                           "attention": "mha" if opts.attention == "gqa" else "masked"},
-                "decoder": {"file": "decoder.onnx", **_io(out / "decoder.onnx"),
-                            "max_prefill_len": opts.max_prefill_len, "attention": opts.attention,
-                            "select_on_device": opts.select_on_device}},
-        kv_cache={"layers": L, "kv_heads": kvh, "head_dim": d, "max_len": opts.max_cache_len,
-                  "layout": "per-layer [1, kv_heads, max_len, head_dim]", "dtype": kv_dtype,
-                  "update": "in-place (present_* bound to past_*)" if opts.attention == "gqa" else "new rows out",
-                  "bytes_per_token": 2 * L * kvh * d * (2 if kv_dtype == "float16" else 4)},
-        rope={"layout": opts.rope_layout, "theta": t.rope_theta, "alpha": t.rope_alpha,
-              "sections": list(t.rope_sections), "head_dim": d},
-        preprocess={"canvas": S, "patch_size": v.patch_size, "merge_size": v.spatial_merge_size,
-                    "n_image_tokens": n_img, "mean": list(preprocess.MEAN), "std": list(preprocess.STD),
-                    "pad_value": opts.pad_value, "resample": "bicubic", "placement": "top-left"},
-        tokens={"bos": spec.tokens.bos, "eos": spec.tokens.eos, "eod": spec.tokens.eod, "pad": spec.tokens.pad,
-                "image": spec.tokens.image, "im_start": spec.tokens.im_start, "im_end": spec.tokens.im_end,
-                "user": spec.tokens.user, "system_sep": spec.tokens.system_sep,
-                "stop_ids": list(spec.tokens.stop_ids)},
-        decode={"repetition_penalty": spec.repetition_penalty},
+        vision=af.Graph(file="vision.onnx", **_io(out / "vision.onnx"),
+                        attention="mha" if opts.attention == "gqa" else "masked"),
+        decoder=af.Graph(file="decoder.onnx", **_io(out / "decoder.onnx"), attention=opts.attention,
+                         select_on_device=opts.select_on_device, prefill_len=opts.prefill_len),
+        kv=af.KVCache(layers=L, kv_heads=kvh, head_dim=d, cache_len=opts.cache_len, slots=opts.slots,
+                      dtype="float16" if opts.precision == "fp16" else "float32"),
+        image=af.ImageSpec(canvas=S, patch_size=v.patch_size, merge_size=v.spatial_merge_size, n_image_tokens=n_img,
+                           mean=tuple(preprocess.MEAN), std=tuple(preprocess.STD), pad_value=opts.pad_value),
+        tokens=af.Tokens(bos=tk.bos, eos=tk.eos, eod=tk.eod, pad=tk.pad, image=tk.image, im_start=tk.im_start,
+                         im_end=tk.im_end, user=tk.user, system_sep=tk.system_sep, stop_ids=tuple(tk.stop_ids)),
+        rope=af.Rope(layout=opts.rope_layout, theta=t.rope_theta, alpha=t.rope_alpha,
+                     sections=tuple(t.rope_sections), head_dim=d),
+        repetition_penalty=spec.repetition_penalty,
         tokenizer="tokenizer.json",
         files=_file_table(out),
         export={"opset": OPSET, "ir_version": IR_VERSION, "seconds": round(time.perf_counter() - t0, 1),
                 "torch": torch.__version__},
     )
-    mf.write_manifest(out, m)
+    af.write(out, m)
     total = sum(x["bytes"] for x in m.files.values())
     say(f"wrote {out} ({total / 2**20:.1f} MiB in {len(m.files)} files, {time.perf_counter() - t0:.1f} s)")
     return m

@@ -54,28 +54,31 @@ class GroupQueryAttention(torch.autograd.Function):
     binds each layer's past and present outputs to the same buffer) and attends over the live length
     only (`seqlens_k` = total length - 1), so a decode step neither copies nor reads the unused cache.
     The eager forward is the same computation in torch, used for tracing and for tests.
-    q: [1, S, H*D] (RoPE and QK-norm applied); k, v: [1, S, KVH*D]; caches [1, KVH, MAX, D].
+    q: [B, S, H*D] (RoPE and QK-norm applied); k, v: [B, S, KVH*D]; caches [B, KVH, MAX, D]; seqlens_k [B].
     """
 
     @staticmethod
     def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, num_heads: int, kv_heads: int):
         if torch.jit.is_tracing():          # exported through symbolic(); only the shapes matter here
             return torch.zeros_like(q), past_k.clone(), past_v.clone()
-        s, d = q.shape[1], past_k.shape[-1]
+        b, s, d = q.shape[0], q.shape[1], past_k.shape[-1]
         g = num_heads // kv_heads
-        total = int(seqlens_k.reshape(-1)[0]) + 1
-        start = total - s
         pk, pv = past_k.clone(), past_v.clone()
-        pk[:, :, start:total] = k.reshape(1, s, kv_heads, d).transpose(1, 2)
-        pv[:, :, start:total] = v.reshape(1, s, kv_heads, d).transpose(1, 2)
-        qh = q.reshape(1, s, kv_heads, g, d).permute(0, 2, 3, 1, 4)                         # [1, KVH, G, S, D]
-        kk, vv = pk[:, :, :total].unsqueeze(2), pv[:, :, :total].unsqueeze(2)
-        sc = torch.matmul(qh, kk.transpose(-1, -2)).float() / math.sqrt(d)                 # [1, KVH, G, S, T]
-        rows = torch.arange(s, device=q.device).reshape(s, 1) + start
-        cols = torch.arange(total, device=q.device).reshape(1, total)
-        sc = sc + torch.where(cols <= rows, 0.0, NEG_INF)
-        o = torch.matmul(torch.softmax(sc, dim=-1).to(q.dtype), vv)
-        return o.permute(0, 3, 1, 2, 4).reshape(1, s, num_heads * d), pk, pv
+        outs = []
+        for i in range(b):                  # each sequence at its own length (seqlens_k[i] = total_i - 1)
+            total = int(seqlens_k.reshape(-1)[i]) + 1
+            start = total - s
+            pk[i, :, start:total] = k[i].reshape(s, kv_heads, d).transpose(0, 1)
+            pv[i, :, start:total] = v[i].reshape(s, kv_heads, d).transpose(0, 1)
+            qh = q[i:i + 1].reshape(1, s, kv_heads, g, d).permute(0, 2, 3, 1, 4)           # [1, KVH, G, S, D]
+            kk, vv = pk[i:i + 1, :, :total].unsqueeze(2), pv[i:i + 1, :, :total].unsqueeze(2)
+            sc = torch.matmul(qh, kk.transpose(-1, -2)).float() / math.sqrt(d)             # [1, KVH, G, S, T]
+            rows = torch.arange(s, device=q.device).reshape(s, 1) + start
+            cols = torch.arange(total, device=q.device).reshape(1, total)
+            sc = sc + torch.where(cols <= rows, 0.0, NEG_INF)
+            o = torch.matmul(torch.softmax(sc, dim=-1).to(q.dtype), vv)
+            outs.append(o.permute(0, 3, 1, 2, 4).reshape(1, s, num_heads * d))
+        return torch.cat(outs), pk, pv
 
     @staticmethod
     def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, num_heads, kv_heads):
@@ -188,13 +191,13 @@ class VisionEncoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], max_len: int, dtype=torch.float32,
+    def __init__(self, spec: ModelSpec, w: dict[str, np.ndarray], cache_len: int, dtype=torch.float32,
                  attention: str = "masked"):
         super().__init__()
         t = spec.text
         if attention not in ("masked", "gqa"):
             raise ValueError(f"attention must be 'masked' or 'gqa', not {attention!r}")
-        self.t, self.max_len, self.attention = t, max_len, attention
+        self.t, self.cache_len, self.attention = t, cache_len, attention
         self.g = t.num_heads // t.num_kv_heads
         self.image_token = spec.tokens.image
         self.embed = _p(w["model.embed_tokens.weight"], dtype)
@@ -232,7 +235,7 @@ class Decoder(nn.Module):
         return (xf * cos + rot * sin).to(x.dtype)
 
     def _embed(self, input_ids, image_embeds):
-        text = F.embedding(input_ids, self.embed)                                         # [1, S, H]
+        text = F.embedding(input_ids, self.embed)                                         # [B, S, H]
         is_img = input_ids == self.image_token
         idx = torch.clamp(torch.cumsum(is_img.to(torch.int64), dim=1) - 1, min=0)
         last_row = torch.ones_like(image_embeds[:, 0], dtype=torch.int64).sum() - 1          # N - 1, traced
@@ -246,10 +249,10 @@ class Decoder(nn.Module):
         return x + F.linear(F.silu(F.linear(h, m.gate)) * F.linear(h, m.up), m.down)
 
     def _logits(self, x):
-        last = rms_norm(x[:, -1, :], self.norm, self.t.rms_norm_eps)                      # [1, H]
-        # W [V, H] @ last^T [H, 1]: uses the (tied) weight as stored, so the exporter does not fold a
+        last = rms_norm(x[:, -1, :], self.norm, self.t.rms_norm_eps)                      # [B, H]
+        # W [V, H] @ last^T [H, B]: uses the (tied) weight as stored, so the exporter does not fold a
         # transposed copy of the embedding into the graph
-        logits = torch.matmul(self.lm_head, last.transpose(0, 1)).transpose(0, 1)         # [1, V]
+        logits = torch.matmul(self.lm_head, last.transpose(0, 1)).transpose(0, 1)         # [B, V]
         return logits.float() if logits.dtype != torch.float32 else logits   # no no-op output Cast (NNCF)
 
     def _forward_gqa(self, input_ids, image_embeds, cos, sin, seqlens_k, total_len, *past):
@@ -257,20 +260,20 @@ class Decoder(nn.Module):
         gate|up projections, RoPE on q and k together in the compute dtype via `rope_rotate_half`, the
         attention and cache update in one GroupQueryAttention node."""
         t = self.t
-        L, s = t.num_layers, input_ids.shape[1]
+        L, b, s = t.num_layers, input_ids.shape[0], input_ids.shape[1]
         nq, kvh, d = t.num_heads, t.num_kv_heads, t.head_dim
         dt = self.embed.dtype
         x = self._embed(input_ids, image_embeds)
-        cos_q, sin_q = cos.reshape(1, s, 1, d).to(dt), sin.reshape(1, s, 1, d).to(dt)
+        cos_q, sin_q = cos.reshape(b, s, 1, d).to(dt), sin.reshape(b, s, 1, d).to(dt)
         keys, values = [], []
         for i, m in enumerate(self.layers):
             h = rms_norm(x, m.ln1, t.rms_norm_eps)
             qk, v = F.linear(h, m.qkv).split([(nq + kvh) * d, kvh * d], dim=-1)
-            qk = qk.reshape(1, s, nq + kvh, d)
+            qk = qk.reshape(b, s, nq + kvh, d)
             qk = qk * cos_q + torch.matmul(qk, self.rope_rotate_half) * sin_q                 # RoPE, then QK-norm
             q, k = qk.split([nq, kvh], dim=2)
-            q = rms_norm(q, m.qn, t.rms_norm_eps).reshape(1, s, nq * d)
-            k = rms_norm(k, m.kn, t.rms_norm_eps).reshape(1, s, kvh * d)
+            q = rms_norm(q, m.qn, t.rms_norm_eps).reshape(b, s, nq * d)
+            k = rms_norm(k, m.kn, t.rms_norm_eps).reshape(b, s, kvh * d)
             o, pk, pv = GroupQueryAttention.apply(q, k, v, past[i], past[L + i], seqlens_k, total_len, nq, kvh)
             keys.append(pk)
             values.append(pv)
@@ -280,44 +283,44 @@ class Decoder(nn.Module):
         return (self._logits(x), *keys, *values)
 
     def forward(self, input_ids, image_embeds, cos, sin, past_len, *past):
-        # input_ids: [1, S] int64; image_embeds: [N, H]; cos/sin: [1, S, D] float32
-        # masked: past_len [1] int64; returns logits and the new K/V rows
-        # gqa: past_len is seqlens_k [1] int32 (= total - 1), followed by total_sequence_length (int32
-        #      scalar); returns logits and the updated caches (bound in place by the runtime)
-        # past: L x past_key [1, KVH, MAX, D], then L x past_value [1, KVH, MAX, D]
+        # input_ids: [B, S] int64 (B sequences, one per cache slot); image_embeds: [N, H]; cos/sin: [B, S, D] float32
+        # masked: past_len [B] int64; returns logits [B, V] and the new K/V rows [B, KVH, S, D]
+        # gqa: past_len is seqlens_k [B] int32 (= total - 1), followed by total_sequence_length (int32
+        #      scalar, the longest total); returns logits and the updated caches (bound in place by the runtime)
+        # past: L x past_key [B, KVH, MAX, D], then L x past_value [B, KVH, MAX, D]
         if self.attention == "gqa":
             return self._forward_gqa(input_ids, image_embeds, cos, sin, past_len, past[0], *past[1:])
         t, dt = self.t, self.embed.dtype
         L = t.num_layers
-        s = input_ids.shape[1]
+        b, s = input_ids.shape[0], input_ids.shape[1]
         kvh, g, d = t.num_kv_heads, self.g, t.head_dim
         x = self._embed(input_ids, image_embeds)
 
         dev = input_ids.device
-        slots = torch.arange(self.max_len, dtype=torch.int64, device=dev)
-        past_bias = torch.where(slots < past_len, 0.0, NEG_INF).reshape(1, 1, 1, 1, self.max_len)
+        rows_cache = torch.arange(self.cache_len, dtype=torch.int64, device=dev).reshape(1, self.cache_len)
+        past_bias = torch.where(rows_cache < past_len.reshape(b, 1), 0.0, NEG_INF).reshape(b, 1, 1, 1, self.cache_len)
         rows = torch.arange(s, dtype=torch.int64, device=dev)
         causal = torch.where(rows.reshape(1, s) <= rows.reshape(s, 1), 0.0, NEG_INF).reshape(1, 1, 1, s, s)
-        cos_q, sin_q = cos.reshape(1, 1, 1, s, d), sin.reshape(1, 1, 1, s, d)
-        cos_k, sin_k = cos.reshape(1, 1, s, d), sin.reshape(1, 1, s, d)
+        cos_q, sin_q = cos.reshape(b, 1, 1, s, d), sin.reshape(b, 1, 1, s, d)
+        cos_k, sin_k = cos.reshape(b, 1, s, d), sin.reshape(b, 1, s, d)
         scale = 1.0 / math.sqrt(d)
         new_k, new_v = [], []
         for i, m in enumerate(self.layers):
             h = rms_norm(x, m.ln1, t.rms_norm_eps)
-            q = F.linear(h, m.q).reshape(1, s, kvh, g, d).permute(0, 2, 3, 1, 4)          # [1, KVH, G, S, D]
-            k = F.linear(h, m.k).reshape(1, s, kvh, d).transpose(1, 2)                    # [1, KVH, S, D]
-            v = F.linear(h, m.v).reshape(1, s, kvh, d).transpose(1, 2)
+            q = F.linear(h, m.q).reshape(b, s, kvh, g, d).permute(0, 2, 3, 1, 4)          # [B, KVH, G, S, D]
+            k = F.linear(h, m.k).reshape(b, s, kvh, d).transpose(1, 2)                    # [B, KVH, S, D]
+            v = F.linear(h, m.v).reshape(b, s, kvh, d).transpose(1, 2)
             q = rms_norm(self._rope(q, cos_q, sin_q), m.qn, t.rms_norm_eps)              # RoPE, then QK-norm
             k = rms_norm(self._rope(k, cos_k, sin_k), m.kn, t.rms_norm_eps)
             new_k.append(k)
             new_v.append(v)
             pk, pv = past[i], past[L + i]
             k5, pk5, pv5, v5 = k.unsqueeze(2), pk.unsqueeze(2), pv.unsqueeze(2), v.unsqueeze(2)
-            s_past = torch.matmul(q, pk5.transpose(-1, -2)).float() * scale + past_bias   # [1, KVH, G, S, MAX]
-            s_new = torch.matmul(q, k5.transpose(-1, -2)).float() * scale + causal        # [1, KVH, G, S, S]
+            s_past = torch.matmul(q, pk5.transpose(-1, -2)).float() * scale + past_bias   # [B, KVH, G, S, MAX]
+            s_new = torch.matmul(q, k5.transpose(-1, -2)).float() * scale + causal        # [B, KVH, G, S, S]
             p = torch.softmax(torch.cat([s_past, s_new], dim=-1), dim=-1).to(dt)
-            o = torch.matmul(p[..., : self.max_len], pv5) + torch.matmul(p[..., self.max_len:], v5)
-            o = o.permute(0, 3, 1, 2, 4).reshape(1, s, t.num_heads * d)
+            o = torch.matmul(p[..., : self.cache_len], pv5) + torch.matmul(p[..., self.cache_len:], v5)
+            o = o.permute(0, 3, 1, 2, 4).reshape(b, s, t.num_heads * d)
             x = self._mlp(m, x + F.linear(o, m.o))
         return (self._logits(x), *new_k, *new_v)
 
@@ -326,8 +329,8 @@ class DeviceSelect(nn.Module):
     """Decoder + greedy selection in the graph (select_on_device): the runtime reads back one token id
     per step instead of the logits.  Same contract as edgeocr.decode: HF repetition penalty over the ids
     marked in `seen` (logit / p if logit > 0 else logit * p), then argmax (first index on ties).
-    Extra inputs after input_ids, image_embeds, cos, sin: seen [1, V] float32 (1 = penalized), penalty
-    [] float32.  Extra output after logits: next_token [1] int64."""
+    Extra inputs after input_ids, image_embeds, cos, sin: seen [B, V] float32 (1 = penalized), penalty
+    [B] float32 (one per sequence).  Extra output after logits: next_token [B] int64."""
 
     def __init__(self, decoder: nn.Module):
         super().__init__()
@@ -336,5 +339,6 @@ class DeviceSelect(nn.Module):
     def forward(self, input_ids, image_embeds, cos, sin, seen, penalty, *rest):
         outs = self.decoder(input_ids, image_embeds, cos, sin, *rest)
         logits = outs[0]
-        adj = torch.where(seen > 0, torch.where(logits < 0, logits * penalty, logits / penalty), logits)
+        p = penalty.reshape(-1, 1)
+        adj = torch.where(seen > 0, torch.where(logits < 0, logits * p, logits / p), logits)
         return (logits, torch.argmax(adj, dim=-1), *outs[1:])

@@ -1,8 +1,8 @@
-"""The one narrow seam every backend implements (ONNX Runtime today, TensorRT next).
+"""The one narrow seam every backend implements (ONNX Runtime and TensorRT).
 
-A session owns its graphs and its static KV cache, allocated once at load.  The caller owns the
-position: `prefill` writes cache rows [0, S), `step` writes row `pos`.  Host-side RoPE tables come
-in as float32 arrays; logits come back as float32 [V] on the host.
+A session owns its graphs and its static KV cache of `slots` sequences, allocated once at load.  The caller
+owns the positions: `prefill` writes rows [0, S) of one slot, `step` writes row `pos[i]` of every slot i.
+Host-side RoPE tables come in as float32 arrays; logits come back as float32 on the host.
 """
 
 from __future__ import annotations
@@ -15,21 +15,24 @@ import numpy as np
 @runtime_checkable
 class Session(Protocol):
     name: str            # "onnxruntime-cpu", "onnxruntime-cuda", "tensorrt", ...
-    max_len: int         # static KV cache length, tokens
+    slots: int           # sequences decoded at once
+    cache_len: int       # static KV cache rows per slot, tokens
     vocab_size: int
+    selects: bool        # True: the graph selects tokens (DeviceSelectSession's methods are the ones to use)
 
-    def encode_image(self, pixels: np.ndarray, fetch: bool = True) -> np.ndarray | None:
-        """pixels: [1, 3, S, S] float32 normalized -> image embeddings [N_img, H] (kept for prefill).
-        fetch=False: a device session may keep them on the device and return None."""
+    def encode_image(self, pixels: np.ndarray) -> None:
+        """pixels: [1, 3, S, S] float32 normalized -> image embeddings, kept for the next prefill."""
         ...
 
-    def prefill(self, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    def prefill(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """input_ids: [S] int64 (image slots included); cos/sin: [S, D] float32.
-        Writes KV rows [0, S); returns logits of the last position, [V] float32."""
+        Writes the slot's KV rows [0, S); returns logits of the last position, [V] float32."""
         ...
 
-    def step(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        """One decode step for `token_id` at cache row `pos`; cos/sin: [D] float32. Returns [V] float32."""
+    def step(self, token_ids: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+             live: np.ndarray) -> np.ndarray:
+        """One decode step of every slot: token_ids [N] int64 at rows pos [N] int64; cos/sin [N, D] float32;
+        live [N] bool (idle slots' rows are don't-cares).  Returns logits [N, V] float32."""
         ...
 
     def memory_bytes(self) -> dict:
@@ -37,16 +40,21 @@ class Session(Protocol):
         ...
 
 
+@runtime_checkable
 class DeviceSelectSession(Session, Protocol):
-    """Optional: a session whose graph does the greedy selection itself (`selects` is True).
+    """A session whose graph does the greedy selection itself (`selects` is True): the repetition penalty over
+    the ids marked seen, then argmax; only token ids cross to the host.  Same contract as edgeocr.decode's
+    host selection."""
 
-    `begin(prompt_ids, penalty)` marks the prompt ids as seen; `prefill` then also records the first
-    token in `first_token`; `step_token(prev, pos, cos, sin)` marks `prev` seen, runs the step and returns
-    the next token id — only that id crosses to the host.  Same contract as edgeocr.decode's host path."""
+    def begin(self, slot: int, prompt_ids: np.ndarray, penalty: float) -> None:
+        """A new sequence in `slot`: mark its prompt's ids seen, set its penalty."""
+        ...
 
-    selects: bool
-    first_token: int
+    def prefill_token(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> int:
+        """prefill, returning the first selected token."""
+        ...
 
-    def begin(self, prompt_ids: np.ndarray, penalty: float) -> None: ...
-
-    def step_token(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> int: ...
+    def step_tokens(self, token_ids: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+                    live: np.ndarray) -> np.ndarray:
+        """Mark each live slot's token seen, run the step, return the next token of every slot, [N] int64."""
+        ...

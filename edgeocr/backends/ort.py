@@ -1,13 +1,17 @@
-"""ONNX Runtime session: CPU, or CUDA with everything device-resident.
+"""ONNX Runtime sessions, one small class per decoder flavour over a shared base.
 
-KV buffers are allocated once at load and bound by address.  Two decoder graph flavours:
-- attention "masked" (portable): the decoder reads the buffers as read-only inputs and returns only the
-  new rows ([1, KVH, S, D] per layer), which are copied into the buffers at `pos` (CPU: a numpy slice
-  assignment; CUDA: one cudaMemcpy2DAsync per tensor).
-- attention "gqa" (ONNX Runtime's GroupQueryAttention): each layer's `present_*` output is bound to the
-  same buffer as its `past_*` input, so the graph writes the new rows in place and attends over the live
-  length only; nothing is copied by the host at all.
-Either way nothing is concatenated or copied cache-wide per step.
+Every buffer is allocated once at load (edgeocr.backends.memory: numpy on the CPU, device memory on CUDA)
+and bound to the graphs by address, so CPU and CUDA share this code.  The KV cache holds `slots` sequences,
+[slots, kv_heads, cache_len, head_dim] per layer and tensor.  A prefill runs one sequence (batch 1) on its
+slot's part of the cache; a decode step runs every slot at once (batch = slots), each at its own position.
+
+Flavours (the artifact's `decoder.attention`):
+- `MaskedSession` ("masked", portable ONNX ops): the graph reads the caches and returns only the new rows,
+  which are copied into the slot's rows (numpy slice on the CPU, one 2-D copy per tensor on CUDA).
+- `GqaSession` ("gqa", ONNX Runtime's GroupQueryAttention): each layer's present_* output is bound to the
+  buffer of its past_* input, so the graph writes its rows in place and attends over the live length only.
+Either one may also select tokens in the graph (`decoder.select_on_device`: repetition penalty + argmax, one
+int64 per slot read back per step); `GqaSession` on CUDA replays that step as a CUDA graph.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeocr.errors import BackendError
-from edgeocr.manifest import Manifest, io_dtype
+from edgeocr.artifact import Artifact
+from edgeocr.backends.memory import Buffer, CudaMemory, HostMemory
+from edgeocr.errors import ArtifactError, BackendError
 
 log = logging.getLogger("edgeocr")
 
@@ -41,356 +46,351 @@ def available_providers() -> list[str]:
         return []
 
 
-class OrtSession:
-    """Implements edgeocr.backends.base.Session on ONNX Runtime."""
+def open_ort_session(path: Path, art: Artifact, device: str = "cpu", threads: int | None = None,
+                     cuda_graph: bool | None = None) -> "OrtSession":
+    """The session class for the artifact's decoder flavour."""
+    cls = {"masked": MaskedSession, "gqa": GqaSession}.get(art.decoder.attention)
+    if cls is None:
+        raise ArtifactError(f"{path}: unknown decoder attention {art.decoder.attention!r}")
+    return cls(path, art, device=device, threads=threads, cuda_graph=cuda_graph)
 
-    def __init__(self, artifact: Path, m: Manifest, device: str = "cpu", threads: int | None = None,
+
+class OrtSession:
+    """Implements edgeocr.backends.base.Session (and DeviceSelectSession when the graph selects)."""
+
+    attention = ""              # the flavour's decoder attention
+    inplace = False             # the graph updates the cache itself
+
+    def __init__(self, path: Path, art: Artifact, device: str = "cpu", threads: int | None = None,
                  cuda_graph: bool | None = None):
         ort = _ort()
-        self.m = m
-        kv = m.kv_cache
-        self.layers, self.kvh, self.hd = kv["layers"], kv["kv_heads"], kv["head_dim"]
-        self.max_len = kv["max_len"]
-        self.vocab_size = m.model["text"]["vocab_size"]
-        self.hidden = m.model["text"]["hidden_size"]
-        self.kv_dtype = _NP[kv["dtype"]]
-        # image embeddings: the vision graph's output dtype, and what the decoder takes (equal in artifacts
-        # exported since image_embeds follows the compute dtype; older FP16 ones cast on the host)
-        self.vis_dtype = _NP[io_dtype(m, "vision", "image_embeds")]
-        self.emb_dtype = _NP[io_dtype(m, "decoder", "image_embeds")]
-        self.n_image = m.preprocess["n_image_tokens"]
-        self.inplace = m.graphs["decoder"].get("attention", "masked") == "gqa"
-        self.selects = bool(m.graphs["decoder"].get("select_on_device", False))
-        self.first_token = -1
-        if cuda_graph is None:          # auto: on wherever the artifact allows it
-            cuda_graph = device == "cuda" and self.inplace and self.selects
-        self.cuda_graph = bool(cuda_graph)
-        if self.cuda_graph and (device != "cuda" or not (self.inplace and self.selects)):
-            raise BackendError("CUDA-graph decode needs device 'cuda' and an artifact exported with "
-                               "--attention gqa --select-on-device (fixed buffer addresses, no host copy "
-                               "inside the step)")
-        if self.inplace and device == "cuda" and kv["dtype"] == "float32":
-            raise BackendError("this artifact's decoder uses GroupQueryAttention, which ONNX Runtime's CUDA "
-                               "provider runs in fp16/bf16 only: export it with --precision fp16 for CUDA, "
-                               "or with --attention masked, or run it on the CPU")
-        if device == "cpu":
-            providers = ["CPUExecutionProvider"]
-        elif device == "cuda":
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise BackendError("CUDAExecutionProvider is not available in this onnxruntime "
-                                   f"(providers: {ort.get_available_providers()}); pip install 'edgeocr[cuda]'")
-            # TF32 would change FP32 numerics by ~1e-3 relative; keep FP32 artifacts exact
-            # arena grows by what is asked, not in powers of two (device memory is the scarce thing on Orin)
-            cuda_opts = {"device_id": 0, "use_tf32": 0 if m.precision == "fp32" else 1,
-                         "arena_extend_strategy": "kSameAsRequested"}
-            providers = [("CUDAExecutionProvider", cuda_opts), "CPUExecutionProvider"]
-        else:
-            raise BackendError(f"unknown device {device!r} for onnxruntime; use 'cpu' or 'cuda'")
+        self.art, self._ort = art, ort
+        kv = art.kv
+        self.slots, self.cache_len = kv.slots, kv.cache_len
+        self.layers, self.kv_heads, self.head_dim = kv.layers, kv.kv_heads, kv.head_dim
+        self.vocab_size, self.hidden = art.vocab_size, art.hidden_size
+        self.prefill_len = art.decoder.prefill_len
+        self.selects = art.decoder.select_on_device
+        self.kv_dtype = _NP[kv.dtype]
+        self.emb_dtype = _NP[art.decoder.dtype_of("image_embeds")]
+        if _NP[art.vision.dtype_of("image_embeds")] != self.emb_dtype:
+            raise ArtifactError(f"{path}: the vision graph's image_embeds dtype differs from the decoder's; "
+                                "re-export the artifact")
         self.device = device
         self.name = f"onnxruntime-{device}"
+        self.cuda_graph = self._want_cuda_graph(cuda_graph)
+        providers, dec_providers = self._providers(ort, device)
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.log_severity_level = 3
         if threads:
             so.intra_op_num_threads = threads
-        dec_providers = providers
-        if self.cuda_graph:
-            # the decode step is captured once and replayed; prefill runs outside it (gpu_graph_id -1)
-            dec_providers = [("CUDAExecutionProvider", {**cuda_opts, "enable_cuda_graph": "1"}), "CPUExecutionProvider"]
-            self._ro_prefill, self._ro_step = ort.RunOptions(), ort.RunOptions()
-            self._ro_prefill.add_run_config_entry("gpu_graph_id", "-1")
-            self._ro_step.add_run_config_entry("gpu_graph_id", "1")
         try:
-            self.vision = ort.InferenceSession(str(artifact / m.graphs["vision"]["file"]), so, providers=providers)
-            self.decoder = ort.InferenceSession(str(artifact / m.graphs["decoder"]["file"]), so, providers=dec_providers)
+            self.vision = ort.InferenceSession(str(path / art.vision.file), so, providers=providers)
+            self.decoder = ort.InferenceSession(str(path / art.decoder.file), so, providers=dec_providers)
         except Exception as e:  # onnxruntime raises its own exception types
-            raise BackendError(f"ONNX Runtime could not load the graphs in {artifact}: {e}") from None
-        self._ort = ort
+            raise BackendError(f"ONNX Runtime could not load the graphs in {path}: {e}") from None
+        self.mem = HostMemory() if device == "cpu" else CudaMemory(ort)
+        self._alloc()
+        self._bind_vision()
+        self._bind_step()
+        self.first_tokens = np.zeros((1,), np.int64)      # host copy of a prefill's selected token
+
+    # ------------------------------------------------------------ setup
+    def _want_cuda_graph(self, cuda_graph: bool | None) -> bool:
+        possible = self.device == "cuda" and self.inplace and self.selects
+        if cuda_graph is None:           # auto: on wherever the artifact allows it
+            return possible
+        if cuda_graph and not possible:
+            raise BackendError("CUDA-graph decode needs device 'cuda' and an artifact exported with "
+                               "--attention gqa --select-on-device (fixed buffer addresses, no host copy "
+                               "inside the step)")
+        return bool(cuda_graph)
+
+    def _providers(self, ort, device: str):
         if device == "cpu":
-            self._init_cpu()
-        else:
-            self._init_cuda()
+            return ["CPUExecutionProvider"], ["CPUExecutionProvider"]
+        if device != "cuda":
+            raise BackendError(f"unknown device {device!r} for onnxruntime; use 'cpu' or 'cuda'")
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise BackendError("CUDAExecutionProvider is not available in this onnxruntime "
+                               f"(providers: {ort.get_available_providers()}); pip install 'edgeocr[cuda]'")
+        if self.inplace and self.kv_dtype == np.float32:
+            raise BackendError("this artifact's decoder uses GroupQueryAttention, which ONNX Runtime's CUDA "
+                               "provider runs in fp16/bf16 only: export it with --precision fp16 for CUDA, "
+                               "or with --attention masked, or run it on the CPU")
+        # TF32 would change FP32 numerics by ~1e-3 relative: FP32 artifacts stay exact.  The arena grows by
+        # what is asked, not in powers of two (device memory is the scarce thing on Orin).
+        cuda = {"device_id": 0, "use_tf32": 0 if self.art.precision == "fp32" else 1,
+                "arena_extend_strategy": "kSameAsRequested"}
+        providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+        if not self.cuda_graph:
+            return providers, providers
+        # the decode step is captured once and replayed (gpu_graph_id 1); prefill runs outside it (-1)
+        self._ro_prefill, self._ro_step = ort.RunOptions(), ort.RunOptions()
+        self._ro_prefill.add_run_config_entry("gpu_graph_id", "-1")
+        self._ro_step.add_run_config_entry("gpu_graph_id", "1")
+        return providers, [("CUDAExecutionProvider", {**cuda, "enable_cuda_graph": "1"}), "CPUExecutionProvider"]
 
-    # ---------------------------------------------------------------- CPU
-    def _init_cpu(self) -> None:
-        ort = self._ort
-        shape = (1, self.kvh, self.max_len, self.hd)
-        # past_key_i / past_value_i: [1, KVH, MAX, D], allocated once, shared with ORT by address
-        self.k = [np.zeros(shape, self.kv_dtype) for _ in range(self.layers)]
-        self.v = [np.zeros(shape, self.kv_dtype) for _ in range(self.layers)]
-        self.binding = self.decoder.io_binding()
-        self.kv_values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.k + self.v]
-        self._bind_caches()
-        # decode-step buffers, allocated once
-        self.step_ids = np.zeros((1, 1), np.int64)            # [1, 1]
-        self.step_cos = np.zeros((1, 1, self.hd), np.float32)  # [1, 1, D]
-        self.step_sin = np.zeros((1, 1, self.hd), np.float32)
-        self.past_len = np.zeros((1,), np.int64)               # [1]  (masked)
-        self.seqlens_k = np.zeros((1,), np.int32)              # [1]  (gqa: total length - 1)
-        self.total_len = np.zeros((), np.int32)                # []   (gqa: total length)
-        self.no_image = np.zeros((1, self.hidden), self.emb_dtype)  # [1, H] placeholder during decode
-        self.step_logits = np.zeros((1, self.vocab_size), np.float32)
-        self.step_new = [np.zeros((1, self.kvh, 1, self.hd), self.kv_dtype) for _ in range(2 * self.layers)]
-        self.image_embeds = None
-        # selection in the graph: seen ids, penalty, chosen id (shared with ORT by address)
-        self.seen = np.zeros((1, self.vocab_size), np.float32)
-        self.penalty = np.ones((), np.float32)
-        self.next_token = np.zeros((1,), np.int64)
+    def _alloc(self) -> None:
+        """Every buffer the session uses, once.  N = slots, P = prefill_len, D = head_dim, V = vocab."""
+        mem, n, p, d = self.mem, self.slots, self.prefill_len, self.head_dim
+        kv_shape = self.art.kv.shape
+        self.keys = [mem.alloc(kv_shape, self.kv_dtype) for _ in range(self.layers)]     # [N, KVH, MAX, D]
+        self.values = [mem.alloc(kv_shape, self.kv_dtype) for _ in range(self.layers)]
+        self.image = mem.alloc((self.art.image.n_image_tokens, self.hidden), self.emb_dtype)   # [N_img, H]
+        self.no_image = mem.alloc((1, self.hidden), self.emb_dtype)       # [1, H] placeholder while decoding
+        # prefill inputs, one sequence: [1, P] ids, [1, P, D] cos/sin (bound with the prompt's length)
+        self.pf_ids = mem.alloc((1, p), np.int64)
+        self.pf_cos, self.pf_sin = mem.alloc((1, p, d), np.float32), mem.alloc((1, p, d), np.float32)
+        self.pf_len = mem.alloc((1,), self._len_dtype)                     # [1] past_len | seqlens_k
+        # decode-step inputs, every slot: [N, 1] ids, [N, 1, D] cos/sin, [N] lengths
+        self.st_ids = mem.alloc((n, 1), np.int64)
+        self.st_cos, self.st_sin = mem.alloc((n, 1, d), np.float32), mem.alloc((n, 1, d), np.float32)
+        self.st_len = mem.alloc((n,), self._len_dtype)
+        self.logits = mem.alloc((n, self.vocab_size), np.float32)          # [N, V] (prefill: row 0)
+        self.h_logits = np.zeros((n, self.vocab_size), np.float32)         # host copy, read back each step
+        self.h_ids = np.zeros((n, 1), np.int64)                            # host staging of step inputs
+        self.h_cos, self.h_sin = np.zeros((n, 1, d), np.float32), np.zeros((n, 1, d), np.float32)
+        self.h_len = np.zeros((n,), self._len_dtype)
+        if self.selects:
+            self.seen = mem.alloc((n, self.vocab_size), np.float32)       # [N, V] 1 = penalized id
+            self.penalty = mem.alloc((n,), np.float32)                     # [N]
+            self.next = mem.alloc((n,), np.int64)                          # [N] the graph's choice per slot
+            self.pf_next = mem.alloc((1,), np.int64)
+            self.h_next = np.zeros((n,), np.int64)
+            self.h_one = np.ones((1,), np.float32)
+        self._alloc_flavour()
 
-    def _bind_caches(self) -> None:
-        """past_* inputs (and, in place, present_* outputs for gqa) -> the preallocated buffers."""
-        b = self.binding
+    _len_dtype = np.int64
+    _len_name = "past_len"
+
+    def _alloc_flavour(self) -> None:
+        pass
+
+    def _bind(self, b, name: str, buf: Buffer, shape=None, index: int | None = None, output: bool = False) -> None:
+        """Bind `buf` (or its leading-dim row `index`) by address with `shape` (default: the buffer's)."""
+        ptr = buf.ptr if index is None else buf.at(index)
+        shape = list(buf.shape if shape is None else shape)
+        fn = b.bind_output if output else b.bind_input
+        fn(name, self.mem.device, 0, buf.dtype, shape, ptr)
+
+    def _bind_vision(self) -> None:
+        self.vision_binding = b = self.vision.io_binding()
+        self._bind(b, "image_embeds", self.image, output=True)
+
+    def _bind_caches(self, b, index: int | None) -> None:
+        """past_* (and, in place, present_*) -> every slot (index None) or slot `index` alone."""
+        shape = None if index is None else [1, *self.art.kv.shape[1:]]
         for i in range(self.layers):
-            b.bind_ortvalue_input(f"past_key_{i}", self.kv_values[i])
-            b.bind_ortvalue_input(f"past_value_{i}", self.kv_values[self.layers + i])
-            if self.inplace:
-                b.bind_ortvalue_output(f"present_key_{i}", self.kv_values[i])
-                b.bind_ortvalue_output(f"present_value_{i}", self.kv_values[self.layers + i])
+            for kind, bufs in (("key", self.keys), ("value", self.values)):
+                self._bind(b, f"past_{kind}_{i}", bufs[i], shape, index)
+                if self.inplace:
+                    self._bind(b, f"present_{kind}_{i}", bufs[i], shape, index, output=True)
 
-    def _bind_common(self, ids, embeds, cos, sin) -> None:
-        ort, b = self._ort, self.binding
-        b.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(ids))
-        b.bind_ortvalue_input("image_embeds", ort.OrtValue.ortvalue_from_numpy(embeds))
-        b.bind_ortvalue_input("cos", ort.OrtValue.ortvalue_from_numpy(cos))
-        b.bind_ortvalue_input("sin", ort.OrtValue.ortvalue_from_numpy(sin))
-        if self.inplace:
-            b.bind_ortvalue_input("seqlens_k", ort.OrtValue.ortvalue_from_numpy(self.seqlens_k))
-            b.bind_ortvalue_input("total_sequence_length", ort.OrtValue.ortvalue_from_numpy(self.total_len))
-        else:
-            b.bind_ortvalue_input("past_len", ort.OrtValue.ortvalue_from_numpy(self.past_len))
+    def _bind_step(self) -> None:
+        """The decode step's binding: made once, never changed (a CUDA graph replays these addresses)."""
+        self.step_binding = b = self.decoder.io_binding()
+        self._bind(b, "input_ids", self.st_ids)
+        self._bind(b, "image_embeds", self.no_image)
+        self._bind(b, "cos", self.st_cos)
+        self._bind(b, "sin", self.st_sin)
+        self._bind(b, self._len_name, self.st_len)
+        self._bind_caches(b, None)
+        self._bind(b, "logits", self.logits, output=True)
         if self.selects:
-            b.bind_ortvalue_input("seen", ort.OrtValue.ortvalue_from_numpy(self.seen))
-            b.bind_ortvalue_input("penalty", ort.OrtValue.ortvalue_from_numpy(self.penalty))
+            self._bind(b, "seen", self.seen)
+            self._bind(b, "penalty", self.penalty)
+            self._bind(b, "next_token", self.next, output=True)
+        self._bind_step_flavour(b)
 
-    def encode_image(self, pixels: np.ndarray, fetch: bool = True) -> np.ndarray | None:
-        pixels = np.ascontiguousarray(pixels, np.float32)
-        if self.device == "cuda" and self.vis_dtype == self.emb_dtype:
-            # the embeddings stay on the device, in the buffer the prefill reads
-            vb = self.vision_binding
-            vb.bind_cpu_input("pixels", pixels)
-            vb.bind_ortvalue_output("image_embeds", self.image_dev)
-            self.vision.run_with_iobinding(vb)
-            self._image_dev = self.image_dev
-            return self.image_dev.numpy() if fetch else None   # a copy only when asked for
-        out = self.vision.run(["image_embeds"], {"pixels": pixels})[0]
-        self.image_embeds = np.ascontiguousarray(out, self.emb_dtype)   # [N_img, H]
-        if self.device == "cuda":
-            self._image_dev = self._ort.OrtValue.ortvalue_from_numpy(self.image_embeds, "cuda", 0)
-        return self.image_embeds
+    def _bind_step_flavour(self, b) -> None:
+        pass
 
-    def prefill(self, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        if self.device == "cuda":
-            return self._prefill_cuda(input_ids, cos, sin)
+    # ------------------------------------------------------------ the seam
+    def encode_image(self, pixels: np.ndarray) -> None:
+        """pixels [1, 3, S, S] float32 -> image embeddings, kept on the device for the next prefill."""
+        self.vision_binding.bind_cpu_input("pixels", np.ascontiguousarray(pixels, np.float32))
+        self.vision.run_with_iobinding(self.vision_binding)
+
+    def image_embeds(self) -> np.ndarray:
+        """The last encoded image's embeddings, [N_img, H] (a copy; diagnostics and tests)."""
+        out = np.zeros(self.image.shape, self.image.dtype)
+        return self.mem.read(self.image, out)
+
+    def _prefill(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+        if not 0 <= slot < self.slots:
+            raise IndexError(f"slot {slot} outside [0, {self.slots})")
         s = int(input_ids.shape[0])
-        embeds = self.image_embeds if self.image_embeds is not None else self.no_image
-        self.past_len[0], self.seqlens_k[0], self.total_len[...] = 0, s - 1, s
-        self._bind_common(np.ascontiguousarray(input_ids.reshape(1, s), np.int64), embeds,
-                          np.ascontiguousarray(cos[None], np.float32), np.ascontiguousarray(sin[None], np.float32))
-        b = self.binding
-        self._bind_outputs(step=False)
-        self.decoder.run_with_iobinding(b)
-        if not self.inplace:
-            news = b.get_outputs()[-2 * self.layers:]          # the new rows, in _out_names order
-            for i in range(self.layers):
-                self.k[i][:, :, :s] = news[i].numpy()
-                self.v[i][:, :, :s] = news[self.layers + i].numpy()
-        logits = self.step_logits[0].copy()
+        if s > self.prefill_len:
+            raise ValueError(f"prompt of {s} tokens is longer than this artifact's prefill_len {self.prefill_len}")
+        mem, b = self.mem, self.decoder.io_binding()
+        mem.write(self.pf_ids, input_ids)
+        mem.write(self.pf_cos, cos)
+        mem.write(self.pf_sin, sin)
+        mem.write(self.pf_len, np.asarray([self._prefill_len_value(s)], self._len_dtype))
+        self._bind(b, "input_ids", self.pf_ids, [1, s])
+        self._bind(b, "image_embeds", self.image)
+        self._bind(b, "cos", self.pf_cos, [1, s, self.head_dim])
+        self._bind(b, "sin", self.pf_sin, [1, s, self.head_dim])
+        self._bind(b, self._len_name, self.pf_len)
+        self._bind_caches(b, slot)
+        self._bind(b, "logits", self.logits, [1, self.vocab_size], index=0, output=True)
         if self.selects:
-            self.first_token = int(self.next_token[0])
-        self._bind_step_outputs()
-        return logits
+            self._bind(b, "seen", self.seen, [1, self.vocab_size], index=slot)
+            self._bind(b, "penalty", self.penalty, [1], index=slot)
+            self._bind(b, "next_token", self.pf_next, output=True)
+        self._bind_prefill_flavour(b, s)
+        self.decoder.run_with_iobinding(b, self._ro_prefill if self.cuda_graph else None)
+        self._after_prefill(slot, s)
 
-    def _out_names(self) -> list[str]:
-        kind = "present" if self.inplace else "new"
-        return (["logits"] + [f"{kind}_key_{i}" for i in range(self.layers)]
-                + [f"{kind}_value_{i}" for i in range(self.layers)])
+    def prefill(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """input_ids [S] int64 (image slots included), cos/sin [S, D] float32 -> writes the slot's cache rows
+        [0, S); returns the logits of the last position, [V] float32 (a view, valid until the next call)."""
+        self._prefill(slot, input_ids, cos, sin)
+        return self.mem.read(self.logits, self.h_logits[:1])[0]
 
-    def _bind_outputs(self, step: bool) -> None:
-        """logits (+ next_token) into the preallocated host arrays; the caches in place (gqa), or the new
-        rows into the step buffers (decode) / fresh arrays of the prompt's length (prefill)."""
-        ort, b = self._ort, self.binding
-        b.clear_binding_outputs()
-        b.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self.step_logits))
-        if self.selects:
-            b.bind_ortvalue_output("next_token", ort.OrtValue.ortvalue_from_numpy(self.next_token))
-        if self.inplace:
-            self._bind_caches()
-            return
-        for j, name in enumerate(self._out_names()[1:]):
-            if step:
-                b.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(self.step_new[j]))
-            else:
-                b.bind_output(name, "cpu")
+    def _step(self, token_ids: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+              live: np.ndarray) -> None:
+        if pos.max() >= self.cache_len or pos.min() < 0:
+            raise IndexError(f"cache position outside [0, {self.cache_len}): {pos.tolist()}")
+        mem = self.mem
+        self.h_ids[:, 0], self.h_cos[:, 0], self.h_sin[:, 0] = token_ids, cos, sin
+        self.h_len[:] = self._step_len_values(pos)
+        mem.write(self.st_ids, self.h_ids)
+        mem.write(self.st_cos, self.h_cos)
+        mem.write(self.st_sin, self.h_sin)
+        mem.write(self.st_len, self.h_len)
+        self._before_step(pos)
+        self.decoder.run_with_iobinding(self.step_binding, self._ro_step if self.cuda_graph else None)
+        self._after_step(pos, live)
 
-    def _bind_step_outputs(self) -> None:
-        self._bind_outputs(step=True)
-        self._bind_common(self.step_ids, self.no_image, self.step_cos, self.step_sin)
+    def step(self, token_ids: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+             live: np.ndarray) -> np.ndarray:
+        """One decode step of every slot: token_ids [N] int64 at cache rows pos [N]; cos/sin [N, D] float32;
+        live [N] bool.  Returns logits [N, V] float32 (a view, valid until the next call).  Idle slots pass
+        any token at position 0 (their row 0 is rewritten by their next prefill)."""
+        self._step(token_ids, pos, cos, sin, live)
+        return self.mem.read(self.logits, self.h_logits)
 
-    def step(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        if not 0 <= pos < self.max_len:
-            raise IndexError(f"cache position {pos} outside [0, {self.max_len})")
-        if self.device == "cuda":
-            return self._step_cuda(token_id, pos, cos, sin)
-        self.step_ids[0, 0] = token_id
-        self.step_cos[0, 0] = cos
-        self.step_sin[0, 0] = sin
-        self.past_len[0], self.seqlens_k[0], self.total_len[...] = pos, pos, pos + 1
-        self.decoder.run_with_iobinding(self.binding)
-        if not self.inplace:
-            for i in range(self.layers):                     # write the new row at `pos`
-                self.k[i][:, :, pos] = self.step_new[i][:, :, 0]
-                self.v[i][:, :, pos] = self.step_new[self.layers + i][:, :, 0]
-        return self.step_logits[0]
-
-    def begin(self, prompt_ids: np.ndarray, penalty: float) -> None:
-        """Selection in the graph: mark the prompt's ids as seen and set the penalty for this request."""
+    # ------------------------------------------------------------ selection in the graph
+    def begin(self, slot: int, prompt_ids: np.ndarray, penalty: float) -> None:
+        """A new sequence in `slot`: only its prompt's ids are marked seen; its repetition penalty."""
         if not self.selects:
             raise BackendError("this artifact selects tokens on the host (exported without --select-on-device)")
-        seen = np.zeros((1, self.vocab_size), np.float32)
-        seen[0, np.asarray(prompt_ids, np.int64)] = 1.0
-        if self.device == "cpu":
-            self.seen[...] = seen
-            self.penalty[...] = penalty
-        else:
-            self.step_in["seen"].update_inplace(seen)
-            self.step_in["penalty"].update_inplace(np.asarray(penalty, np.float32))
+        row = np.zeros((self.vocab_size,), np.float32)
+        row[np.asarray(prompt_ids, np.int64)] = 1.0
+        self.mem.write(self.seen, row, offset=slot * self.vocab_size)
+        self.mem.write(self.penalty, np.asarray([penalty], np.float32), offset=slot)
 
-    def step_token(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> int:
-        """Mark `token_id` seen, run the step, return the graph's choice (8 bytes back, no logits)."""
-        if not 0 <= pos < self.max_len:
-            raise IndexError(f"cache position {pos} outside [0, {self.max_len})")
-        if self.device == "cpu":
-            self.seen[0, token_id] = 1.0
-            self.step(token_id, pos, cos, sin)
-            return int(self.next_token[0])
-        self.cuda.memcpy_htod(self.step_in["seen"].data_ptr() + 4 * int(token_id), self.h_one.ctypes.data, 4)
-        self._run_step_cuda(token_id, pos, cos, sin)
-        return int(self._fetch("next_token", self.h_next)[0])
+    def prefill_token(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> int:
+        """prefill, returning the graph's first choice (8 bytes back, no logits)."""
+        self._prefill(slot, input_ids, cos, sin)
+        return int(self.mem.read(self.pf_next, self.first_tokens)[0])
+
+    def step_tokens(self, token_ids: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+                    live: np.ndarray) -> np.ndarray:
+        """Mark each live slot's incoming token seen, run the step, return the graph's choices [N] int64
+        (a view, valid until the next call)."""
+        for slot in np.flatnonzero(live):
+            self.mem.write(self.seen, self.h_one, offset=int(slot) * self.vocab_size + int(token_ids[slot]))
+        self._step(token_ids, pos, cos, sin, live)
+        return self.mem.read(self.next, self.h_next)
 
     def memory_bytes(self) -> dict:
-        per = self.kvh * self.max_len * self.hd * np.dtype(self.kv_dtype).itemsize
-        return {"kv_cache": 2 * self.layers * per}
+        return {"kv_cache": self.art.kv.bytes}
 
-    # ---------------------------------------------------------------- CUDA
-    def _init_cuda(self) -> None:
-        from edgeocr.backends import cudart
+    # ------------------------------------------------------------ flavour hooks
+    def _prefill_len_value(self, s: int) -> int:
+        raise NotImplementedError
 
-        ort = self._ort
-        self.cuda = cudart.load()
-        shape = (1, self.kvh, self.max_len, self.hd)
-        self.k = [ort.OrtValue.ortvalue_from_shape_and_type(shape, self.kv_dtype, "cuda", 0) for _ in range(self.layers)]
-        self.v = [ort.OrtValue.ortvalue_from_shape_and_type(shape, self.kv_dtype, "cuda", 0) for _ in range(self.layers)]
-        zeros = np.zeros(shape, self.kv_dtype)
-        for t in self.k + self.v:
-            t.update_inplace(zeros)
-        self.binding = self.decoder.io_binding()
-        self.kv_values = self.k + self.v
-        self._bind_caches()
-        self.row_bytes = self.hd * np.dtype(self.kv_dtype).itemsize
-        self.step_in = {
-            "input_ids": ort.OrtValue.ortvalue_from_shape_and_type((1, 1), np.int64, "cuda", 0),
-            "cos": ort.OrtValue.ortvalue_from_shape_and_type((1, 1, self.hd), np.float32, "cuda", 0),
-            "sin": ort.OrtValue.ortvalue_from_shape_and_type((1, 1, self.hd), np.float32, "cuda", 0),
-            "image_embeds": ort.OrtValue.ortvalue_from_numpy(np.zeros((1, self.hidden), self.emb_dtype), "cuda", 0),
-        }
-        self.vision_binding = self.vision.io_binding()
-        self.image_dev = ort.OrtValue.ortvalue_from_shape_and_type((self.n_image, self.hidden), self.vis_dtype,
-                                                                   "cuda", 0)
-        self.step_out = {"logits": ort.OrtValue.ortvalue_from_shape_and_type((1, self.vocab_size), np.float32, "cuda", 0)}
-        self.h_seq = np.zeros((1,), np.int32)
-        self.h_total = np.zeros((), np.int32)     # GroupQueryAttention reads total_sequence_length from host memory
-        if self.inplace:
-            self.step_in["seqlens_k"] = ort.OrtValue.ortvalue_from_shape_and_type((1,), np.int32, "cuda", 0)
-            self.step_in["total_sequence_length"] = ort.OrtValue.ortvalue_from_numpy(self.h_total)
-        else:
-            self.step_in["past_len"] = ort.OrtValue.ortvalue_from_shape_and_type((1,), np.int64, "cuda", 0)
-            for name in self._out_names()[1:]:
-                self.step_out[name] = ort.OrtValue.ortvalue_from_shape_and_type((1, self.kvh, 1, self.hd),
-                                                                                self.kv_dtype, "cuda", 0)
-        if self.selects:
-            self.step_in["seen"] = ort.OrtValue.ortvalue_from_shape_and_type((1, self.vocab_size), np.float32, "cuda", 0)
-            self.step_in["penalty"] = ort.OrtValue.ortvalue_from_numpy(np.ones((), np.float32), "cuda", 0)
-            self.step_out["next_token"] = ort.OrtValue.ortvalue_from_shape_and_type((1,), np.int64, "cuda", 0)
-        self.h_one = np.ones((1,), np.float32)
-        self.h_logits = np.zeros((1, self.vocab_size), np.float32)   # readback targets, allocated once
-        self.h_next = np.zeros((1,), np.int64)
-        self.caches = self.k + self.v                                   # copy targets, in output order
-        self.step_news = [self.step_out[n] for n in self._out_names()[1:]] if not self.inplace else []
-        # host staging for the per-step inputs, allocated once
-        self.h_ids = np.zeros((1, 1), np.int64)
-        self.h_cos = np.zeros((1, 1, self.hd), np.float32)
-        self.h_sin = np.zeros((1, 1, self.hd), np.float32)
-        self.h_pos = np.zeros((1,), np.int64)
-        self._image_dev = None
-        self.image_embeds = None
+    def _step_len_values(self, pos: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
 
-    def _scatter_rows(self, news: list, pos: int, s: int) -> None:
-        """Copy new rows [1, KVH, s, D] into each cache at rows [pos, pos+s): one 2-D copy per tensor."""
-        for dst, src in zip(self.caches, news):
-            # dst pitch: one head = MAX rows; src pitch: s rows
-            self.cuda.memcpy2d(dst.data_ptr() + pos * self.row_bytes, self.max_len * self.row_bytes,
-                               src.data_ptr(), s * self.row_bytes, s * self.row_bytes, self.kvh)
-        self.cuda.sync()
+    def _bind_prefill_flavour(self, b, s: int) -> None:
+        pass
 
-    def _prefill_cuda(self, input_ids, cos, sin) -> np.ndarray:
-        ort, b = self._ort, self.binding
-        s = int(input_ids.shape[0])
-        b.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(
-            np.ascontiguousarray(input_ids.reshape(1, s), np.int64), "cuda", 0))
-        b.bind_ortvalue_input("image_embeds", self._image_dev if self._image_dev is not None else self.step_in["image_embeds"])
-        b.bind_ortvalue_input("cos", ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(cos[None], np.float32), "cuda", 0))
-        b.bind_ortvalue_input("sin", ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(sin[None], np.float32), "cuda", 0))
-        b.clear_binding_outputs()
-        b.bind_ortvalue_output("logits", self.step_out["logits"])
-        if self.selects:
-            b.bind_ortvalue_input("seen", self.step_in["seen"])
-            b.bind_ortvalue_input("penalty", self.step_in["penalty"])
-            b.bind_ortvalue_output("next_token", self.step_out["next_token"])
-        if self.inplace:
-            self.h_seq[0], self.h_total[...] = s - 1, s
-            b.bind_ortvalue_input("seqlens_k", ort.OrtValue.ortvalue_from_numpy(self.h_seq, "cuda", 0))
-            b.bind_ortvalue_input("total_sequence_length", self.step_in["total_sequence_length"])
-            self._bind_caches()
-        else:
-            b.bind_ortvalue_input("past_len", ort.OrtValue.ortvalue_from_numpy(np.zeros((1,), np.int64), "cuda", 0))
-            for name in self._out_names()[1:]:
-                b.bind_output(name, "cuda", 0)
-        self.decoder.run_with_iobinding(b, self._ro_prefill if self.cuda_graph else None)
-        if not self.inplace:
-            self._scatter_rows(b.get_outputs()[-2 * self.layers:], 0, s)
-        logits = self.step_out["logits"].numpy()[0]
-        if self.selects:
-            self.first_token = int(self.step_out["next_token"].numpy()[0])
-        b.clear_binding_outputs()
-        if self.inplace:
-            self._bind_caches()
-        for name, val in self.step_out.items():
-            b.bind_ortvalue_output(name, val)
-        for name, val in self.step_in.items():
-            b.bind_ortvalue_input(name, val)
-        return logits
+    def _after_prefill(self, slot: int, s: int) -> None:
+        pass
 
-    def _fetch(self, name: str, host: np.ndarray) -> np.ndarray:
-        """A step output into its preallocated host array (overwritten by the next step): no allocation."""
-        self.cuda.memcpy_dtoh(host.ctypes.data, self.step_out[name].data_ptr(), host.nbytes)
-        return host
+    def _before_step(self, pos: np.ndarray) -> None:
+        pass
 
-    def _step_cuda(self, token_id, pos, cos, sin) -> np.ndarray:
-        self._run_step_cuda(token_id, pos, cos, sin)
-        return self._fetch("logits", self.h_logits)[0]
+    def _after_step(self, pos: np.ndarray, live: np.ndarray) -> None:
+        pass
 
-    def _run_step_cuda(self, token_id, pos, cos, sin) -> None:
-        self.h_ids[0, 0], self.h_cos[0, 0], self.h_sin[0, 0], self.h_pos[0] = token_id, cos, sin, pos
-        self.step_in["input_ids"].update_inplace(self.h_ids)
-        self.step_in["cos"].update_inplace(self.h_cos)
-        self.step_in["sin"].update_inplace(self.h_sin)
-        if self.inplace:
-            # total_sequence_length is an upper bound read from host memory: under a CUDA graph it is
-            # baked into the capture, so there it stays at the cache length (seqlens_k carries the truth)
-            self.h_seq[0], self.h_total[...] = pos, (self.max_len if self.cuda_graph else pos + 1)
-            self.step_in["seqlens_k"].update_inplace(self.h_seq)
-            self.decoder.run_with_iobinding(self.binding, self._ro_step if self.cuda_graph else None)
-        else:
-            self.step_in["past_len"].update_inplace(self.h_pos)
-            self.decoder.run_with_iobinding(self.binding)
-            self._scatter_rows(self.step_news, pos, 1)
+
+class MaskedSession(OrtSession):
+    """Portable decoder: reads the caches, returns the new rows; the session copies them into place."""
+
+    attention = "masked"
+    _len_name, _len_dtype = "past_len", np.int64          # rows already in the cache
+
+    def _alloc_flavour(self) -> None:
+        kvh, d, p, n = self.kv_heads, self.head_dim, self.prefill_len, self.slots
+        # new rows: prefill [1, KVH, S <= P, D], step [N, KVH, 1, D], per layer, K then V
+        self.pf_new = [self.mem.alloc((1, kvh, p, d), self.kv_dtype) for _ in range(2 * self.layers)]
+        self.st_new = [self.mem.alloc((n, kvh, 1, d), self.kv_dtype) for _ in range(2 * self.layers)]
+
+    def _new_names(self):
+        return [f"new_key_{i}" for i in range(self.layers)] + [f"new_value_{i}" for i in range(self.layers)]
+
+    def _bind_step_flavour(self, b) -> None:
+        for name, buf in zip(self._new_names(), self.st_new):
+            self._bind(b, name, buf, output=True)
+
+    def _bind_prefill_flavour(self, b, s: int) -> None:
+        for name, buf in zip(self._new_names(), self.pf_new):
+            self._bind(b, name, buf, [1, self.kv_heads, s, self.head_dim], output=True)
+
+    def _prefill_len_value(self, s: int) -> int:
+        return 0
+
+    def _step_len_values(self, pos: np.ndarray) -> np.ndarray:
+        return pos
+
+    def _after_prefill(self, slot: int, s: int) -> None:
+        for cache, new in zip(self.keys + self.values, self.pf_new):
+            self.mem.copy_rows(cache, slot, 0, new, 0, s)
+        self.mem.sync()
+
+    def _after_step(self, pos: np.ndarray, live: np.ndarray) -> None:
+        for slot in np.flatnonzero(live):
+            row = int(pos[slot])
+            for cache, new in zip(self.keys + self.values, self.st_new):
+                self.mem.copy_rows(cache, int(slot), row, new, int(slot), 1)
+        self.mem.sync()
+
+
+class GqaSession(OrtSession):
+    """GroupQueryAttention decoder: the cache is updated in place, attention reads the live length only."""
+
+    attention = "gqa"
+    inplace = True
+    _len_name, _len_dtype = "seqlens_k", np.int32          # total length - 1, per sequence
+
+    def _alloc_flavour(self) -> None:
+        # total_sequence_length: a host scalar (GroupQueryAttention reads it from host memory on CUDA too)
+        self.pf_total = np.zeros((), np.int32)
+        self.st_total = np.zeros((), np.int32)
+
+    def _bind_total(self, b, arr: np.ndarray) -> None:
+        b.bind_input("total_sequence_length", "cpu", 0, np.int32, [], arr.ctypes.data)
+
+    def _bind_step_flavour(self, b) -> None:
+        self._bind_total(b, self.st_total)
+
+    def _bind_prefill_flavour(self, b, s: int) -> None:
+        self.pf_total[...] = s
+        self._bind_total(b, self.pf_total)
+
+    def _prefill_len_value(self, s: int) -> int:
+        return s - 1
+
+    def _step_len_values(self, pos: np.ndarray) -> np.ndarray:
+        return pos
+
+    def _before_step(self, pos: np.ndarray) -> None:
+        # an upper bound over the batch; under a CUDA graph it is baked into the capture, so there it stays at
+        # the cache length (seqlens_k carries each sequence's truth)
+        self.st_total[...] = self.cache_len if self.cuda_graph else int(pos.max()) + 1

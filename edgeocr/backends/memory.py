@@ -1,0 +1,98 @@
+"""Buffers a session allocates once and binds to ONNX Runtime by address: host (numpy) or CUDA device memory.
+
+Both kinds expose the same few operations, so the sessions in ort.py are written once for CPU and CUDA:
+`alloc` a buffer, `write` host data into (a part of) it, `read` it back into a preallocated host array, and
+`copy_rows` — the masked decoder's new K/V rows into the static cache.  Offsets are in elements of the
+buffer's dtype; nothing here allocates after load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Buffer:
+    ptr: int                      # address of element 0 (host or device)
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    host: np.ndarray | None       # the numpy array itself for host buffers, None on the device
+    keep: object = None           # the owner keeping device memory alive (an OrtValue)
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.itemsize
+
+    def at(self, index: int) -> int:
+        """Address of row `index` of the leading dimension (a slot's part of a [slots, ...] buffer)."""
+        return self.ptr + index * (self.nbytes // self.shape[0])
+
+
+class HostMemory:
+    """numpy arrays: ONNX Runtime's CPU provider reads and writes them in place."""
+
+    device = "cpu"
+
+    def alloc(self, shape, dtype) -> Buffer:
+        a = np.zeros(shape, dtype)
+        return Buffer(a.ctypes.data, tuple(shape), a.dtype, a)
+
+    def write(self, buf: Buffer, data: np.ndarray, offset: int = 0) -> None:
+        flat = buf.host.reshape(-1)
+        src = np.asarray(data, buf.dtype).reshape(-1)
+        flat[offset:offset + src.size] = src
+
+    def read(self, buf: Buffer, out: np.ndarray, offset: int = 0) -> np.ndarray:
+        out.reshape(-1)[...] = buf.host.reshape(-1)[offset:offset + out.size]
+        return out
+
+    def copy_rows(self, cache: Buffer, slot: int, row: int, src: Buffer, index: int, n: int) -> None:
+        """src[index] holding [KVH, n, D] contiguously -> cache[slot, :, row:row + n]."""
+        kvh, d = cache.shape[1], cache.shape[3]
+        start = index * (src.host.size // src.shape[0])
+        cache.host[slot, :, row:row + n] = src.host.reshape(-1)[start:start + kvh * n * d].reshape(kvh, n, d)
+
+    def sync(self) -> None:
+        pass
+
+
+class CudaMemory:
+    """Device memory from ONNX Runtime's CUDA allocator, copied with the CUDA runtime (edgeocr.backends.cudart)."""
+
+    device = "cuda"
+
+    def __init__(self, ort):
+        from edgeocr.backends import cudart
+
+        self.ort = ort
+        self.cuda = cudart.load()
+
+    def alloc(self, shape, dtype) -> Buffer:
+        ov = self.ort.OrtValue.ortvalue_from_shape_and_type(tuple(shape), dtype, "cuda", 0)
+        buf = Buffer(ov.data_ptr(), tuple(shape), np.dtype(dtype), None, ov)
+        self.cuda.memset(buf.ptr, buf.nbytes)
+        return buf
+
+    def write(self, buf: Buffer, data: np.ndarray, offset: int = 0) -> None:
+        src = np.ascontiguousarray(data, buf.dtype)
+        self.cuda.memcpy_htod(buf.ptr + offset * buf.itemsize, src.ctypes.data, src.nbytes)
+
+    def read(self, buf: Buffer, out: np.ndarray, offset: int = 0) -> np.ndarray:
+        self.cuda.memcpy_dtoh(out.ctypes.data, buf.ptr + offset * buf.itemsize, out.nbytes)
+        return out
+
+    def copy_rows(self, cache: Buffer, slot: int, row: int, src: Buffer, index: int, n: int) -> None:
+        """One 2-D copy: KVH runs of n rows; cache pitch = cache_len rows per head, src pitch = n rows."""
+        kvh, cache_len, d = cache.shape[1], cache.shape[2], cache.shape[3]
+        row_bytes = d * cache.itemsize
+        dst = cache.at(slot) + row * row_bytes
+        self.cuda.memcpy2d(dst, cache_len * row_bytes, src.at(index), n * row_bytes, n * row_bytes, kvh)
+
+    def sync(self) -> None:
+        self.cuda.sync()
