@@ -46,16 +46,17 @@ class BenchResult:
     flavour: str = ""                 # decoder attention / selection / CUDA graph
 
 
-def step_copies(session) -> dict:
-    """What one decode step copies outside the graph, by construction of the session's binding."""
-    hd, kvh, layers = session.hd, session.kvh, session.layers
-    item = np.dtype(session.kv_dtype).itemsize
-    h2d = 8 + 2 * 4 * hd                                          # token id, cos, sin
-    h2d += 4 if session.inplace else 8                            # seqlens_k | past_len
-    d2h = 8 if session.selects else 4 * session.vocab_size        # token id | logits
-    if session.selects:
-        h2d += 4                                                  # one 'seen' flag
-    d2d = 0 if session.inplace else 2 * layers * kvh * hd * item  # new K/V rows into the cache
+def step_copies(art, live_slots: int = 1) -> dict:
+    """What one decode step copies outside the graph, by construction of the sessions' bindings
+    (edgeocr.backends.ort): every slot's inputs go in, every slot's logits or token ids come back."""
+    n, kv = art.slots, art.kv
+    inplace, selects = art.decoder.attention == "gqa", art.decoder.select_on_device
+    h2d = n * (8 + 2 * 4 * kv.head_dim)                           # token ids, cos, sin
+    h2d += n * (4 if inplace else 8)                              # seqlens_k | past_len
+    d2h = n * (8 if selects else 4 * art.vocab_size)              # token ids | logits
+    if selects:
+        h2d += 4 * live_slots                                     # one 'seen' flag per live slot
+    d2d = 0 if inplace else live_slots * kv.bytes_per_token       # new K/V rows into the cache
     return {"host_to_device": h2d, "device_to_host": d2h, "cache_rows_device_to_device": d2d}
 
 
@@ -108,12 +109,12 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
     by_pos = {"first_quarter": statistics.mean(steps[:q]) if steps else 0.0,
               "middle": statistics.mean(steps[q:-q]) if len(steps) > 2 * q else 0.0,
               "last_quarter": statistics.mean(steps[-q:]) if steps else 0.0}
-    m = model.manifest
-    dec_bytes = sum(v["bytes"] for k, v in m.files.items() if k.startswith("decoder"))
+    m = model.artifact
+    dec_bytes = sum(v["bytes"] for k, v in m.files.items() if k.startswith(m.decoder.file))
     kv = model.session.memory_bytes()["kv_cache"]
     name = _gpu_name() if device == "cuda" else "cpu"
     bw = _bandwidth(name)
-    live_kv = m.kv_cache["bytes_per_token"] * (res.prompt_tokens + tokens / 2)
+    live_kv = m.kv.bytes_per_token * (res.prompt_tokens + tokens / 2)
     floor = ((dec_bytes + live_kv) / (bw * 1e9) * 1e3) if bw else None
     per_tok = statistics.mean(steps) if steps else 0.0
     return BenchResult(
@@ -123,8 +124,8 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
         decode_ms_per_token=per_tok, decode_ms_by_position=by_pos,
         tokens_per_s=1e3 / per_tok if per_tok else 0.0, total_ms=t["total"], peak_rss_mib=_rss_mib(),
         peak_device_mib=peak_dev, kv_cache_mib=kv / 2**20, decoder_weight_mib=dec_bytes / 2**20,
-        bandwidth_floor_ms=floor, step_copies=step_copies(model.session),
-        flavour=(f"attention {m.graphs['decoder'].get('attention', 'masked')}, selection "
+        bandwidth_floor_ms=floor, step_copies=step_copies(m),
+        flavour=(f"attention {m.decoder.attention}, selection "
                  f"{'in graph' if model.session.selects else 'host'}, "
                  f"CUDA graph {'on' if getattr(model.session, 'cuda_graph', False) else 'off'}"))
 
@@ -135,7 +136,7 @@ def bench_transformers(checkpoint: str | Path, image, tokens: int, task: str = "
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList
 
-    from edgeocr.reference import TransformersRunner
+    from quantize.reference import TransformersRunner
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     runner = TransformersRunner(str(checkpoint), dev, attn=attn, dtype=dtype)
@@ -163,7 +164,7 @@ def bench_transformers(checkpoint: str | Path, image, tokens: int, task: str = "
         t = time.perf_counter()
         with torch.no_grad():
             out = hf.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                              repetition_penalty=1.08, eos_token_id=None, pad_token_id=0,
+                              repetition_penalty=runner.penalty, eos_token_id=None, pad_token_id=0,
                               logits_processor=LogitsProcessorList([clock]))
         if dev == "cuda":
             torch.cuda.synchronize()

@@ -43,14 +43,14 @@ class Runner:
     def __init__(self, spec: str, device: str = "cpu", threads: int | None = None):
         self.spec = spec
         if spec.startswith("hf:"):
-            from edgeocr.reference import TransformersRunner
+            from quantize.reference import TransformersRunner
             self.impl = TransformersRunner(spec[3:], device)
             self.label = f"transformers:{Path(spec[3:]).name}"
             self.identity = "hf:" + _hash_dir_files(Path(spec[3:]), ("config.json",))
         else:
             from edgeocr.model import OCRModel
             self.impl = OCRModel(spec, device=device, threads=threads)
-            self.label = f"{Path(spec).name} ({self.impl.manifest.precision}, {self.impl.session.name})"
+            self.label = f"{Path(spec).name} ({self.impl.artifact.precision}, {self.impl.session.name})"
             self.identity = _hash_dir_files(Path(spec), ("manifest.json",)) + ":" + device
 
     def run(self, image, task, prompt, lang, opts):

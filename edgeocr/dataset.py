@@ -131,6 +131,3 @@ def load_dir(directory: str | Path) -> list[Sample]:
         log.warning("%s: %d of %d images have no label in %s", d, unlabeled, len(samples), src.name)
     return samples
 
-
-def iter_dir(directory: str | Path) -> Iterator[Sample]:
-    yield from load_dir(directory)

@@ -49,12 +49,12 @@ def doctor(artifact: str | None, remote: str | None) -> int:
     _line(None if gpu is None else True, "gpu", gpu or "none found (CPU only)")
     if artifact:
         from edgeocr.errors import EdgeOCRError
-        from edgeocr.manifest import read_manifest
+        from edgeocr import artifact as af
         try:
-            m = read_manifest(artifact)
+            m = af.read(artifact)
             total = sum(v["bytes"] for v in m.files.values())
             _line(True, "artifact", f"{artifact}: format {m.format_version}, {m.precision}, "
-                                    f"{total / 2**20:.0f} MiB, KV cache {m.kv_cache['max_len']} tokens")
+                                    f"{total / 2**20:.0f} MiB, KV cache {m.slots} x {m.cache_len} tokens")
             if m.precision == "fp16" and "CUDAExecutionProvider" not in provs:
                 _line(None, "artifact/device", "FP16 artifact without CUDA: it runs on CPU, slowly")
         except EdgeOCRError as e:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgeocr.artifact import DEFAULT_REPETITION_PENALTY
 from edgeocr.errors import CheckpointError
 
 log = logging.getLogger("edgeocr.quantize")
@@ -71,7 +72,7 @@ class ModelSpec:
     text: TextSpec
     vision: VisionSpec
     tokens: TokenSpec
-    repetition_penalty: float   # generation_config's, else the 1.5 contract's 1.08
+    repetition_penalty: float   # generation_config's, else DEFAULT_REPETITION_PENALTY (HunyuanOCR 1.5's)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,7 +80,6 @@ class ModelSpec:
 
 USER_TOKEN = "<｜hy_User｜>"
 SYSTEM_SEP_TOKEN = "<｜hy_place▁holder▁no▁3｜>"
-TEXT_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
 
 
 def _read_json(path: Path) -> dict:
@@ -210,7 +210,7 @@ def read_spec(ckpt: Path) -> ModelSpec:
         raise CheckpointError(
             f"tokenizer.json has {tok.get_vocab_size(with_added_tokens=True)} tokens, more than vocab_size {text.vocab_size}")
     return ModelSpec(text=text, vision=vis, tokens=tokens,
-                     repetition_penalty=float(gen.get("repetition_penalty") or 1.08))
+                     repetition_penalty=float(gen.get("repetition_penalty") or DEFAULT_REPETITION_PENALTY))
 
 
 def expected_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:

@@ -18,17 +18,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from edgeocr import manifest as mf
+from edgeocr import artifact as af
 
 log = logging.getLogger("edgeocr.quantize")
 
@@ -158,9 +157,9 @@ def capture(fp32_artifact: Path, images: list[Path], decode_tokens: int,
     from edgeocr.backends.ort import available_providers
     device = "cuda" if "CUDAExecutionProvider" in available_providers() else "cpu"
     model = OCRModel(fp32_artifact, device=device)     # the FP32 pipeline; CUDA runs FP32 exactly (no TF32)
-    m = model.manifest
-    kv = m.kv_cache
-    zeros = np.zeros((1, kv["kv_heads"], kv["max_len"], kv["head_dim"]), np.float32)   # shared, read-only
+    m = model.artifact
+    kv = m.kv
+    zeros = np.zeros((1, *kv.shape[1:]), np.float32)   # one sequence's caches, shared, read-only
     vis, dec = [], []
     for i, p in enumerate(images):
         task = "spotting" if i % 2 == 0 else "structured_parse"
@@ -168,7 +167,7 @@ def capture(fp32_artifact: Path, images: list[Path], decode_tokens: int,
         instruction, _ = model.instruction(task, None)
         ids = model.prompt_ids(instruction)
         cos_p, sin_p = model.rope_tables(ids)
-        emb = np.array(model.session.image_embeds, np.float32)   # the vision output of this image, [N_img, H]
+        emb = np.array(model.session.image_embeds(), np.float32)   # the vision output of this image, [N_img, H]
         gen = np.asarray(res.token_ids, np.int64)
         seq = np.concatenate([ids, gen])
         pos = np.arange(len(ids), len(seq))
@@ -177,16 +176,16 @@ def capture(fp32_artifact: Path, images: list[Path], decode_tokens: int,
         vis.append({"pixels": model.prepare(p).pixels})
         sample = {"input_ids": seq[None], "image_embeds": emb, "cos": cos[None].astype(np.float32),
                   "sin": sin[None].astype(np.float32)}
-        if m.graphs["decoder"].get("attention", "masked") == "gqa":
+        if m.decoder.attention == "gqa":
             sample["seqlens_k"] = np.array([len(seq) - 1], np.int32)
             sample["total_sequence_length"] = np.array(len(seq), np.int32)
         else:
             sample["past_len"] = np.zeros((1,), np.int64)
-        if m.graphs["decoder"].get("select_on_device"):
-            sample["seen"] = np.zeros((1, m.model["text"]["vocab_size"]), np.float32)
+        if m.decoder.select_on_device:
+            sample["seen"] = np.zeros((1, m.vocab_size), np.float32)
             sample["seen"][0, ids] = 1.0
-            sample["penalty"] = np.asarray(m.decode["repetition_penalty"], np.float32)
-        for layer in range(kv["layers"]):
+            sample["penalty"] = np.asarray([m.repetition_penalty], np.float32)
+        for layer in range(kv.layers):
             sample[f"past_key_{layer}"] = zeros
             sample[f"past_value_{layer}"] = zeros
         dec.append(sample)
@@ -353,7 +352,7 @@ def store_large_fp32_as_fp16(model, min_bytes: int = 8 << 20, base_dir: Path | N
 
 
 def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Options = Int8Options(),
-               progress: Callable[[str], None] | None = None) -> mf.Manifest:
+               progress: Callable[[str], None] | None = None) -> af.Artifact:
     """FP32 artifact + calibration images -> INT8 artifact (explicit Q/DQ)."""
     from edgeocr.dataset import load_dir
     from quantize.export import _file_table, _save
@@ -361,7 +360,7 @@ def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Option
     say = progress or (lambda s: log.info("%s", s))
     t0 = time.perf_counter()
     fp32_artifact, out = Path(fp32_artifact), Path(out)
-    src = mf.read_manifest(fp32_artifact)
+    src = af.read(fp32_artifact)
     if src.precision != "fp32":
         raise ValueError(f"{fp32_artifact} is {src.precision}; INT8 calibration starts from an FP32 artifact")
     samples = load_dir(calib_dir)
@@ -375,7 +374,7 @@ def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Option
     out.mkdir(parents=True, exist_ok=True)
     reports = {}
     for kind, data in (("vision", vis), ("decoder", dec)):
-        q, rep = quantize_graph(fp32_artifact / src.graphs[kind]["file"], kind, data[:c], data[c:c + h], opts, say)
+        q, rep = quantize_graph(fp32_artifact / getattr(src, kind).file, kind, data[:c], data[c:c + h], opts, say)
         rep["stored_fp16"] = store_large_fp32_as_fp16(q, base_dir=fp32_artifact)
         if rep["stored_fp16"]:
             say(f"{kind}: {', '.join(rep['stored_fp16'])} stored as FP16 (computed in FP32)")
@@ -384,21 +383,17 @@ def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Option
         say(f"{kind}: {rep['quantized']}/{rep['eligible']} weight layers INT8, {len(rep['kept_fp'])} kept FP")
     shutil.copyfile(fp32_artifact / src.tokenizer, out / src.tokenizer)
     from quantize.export import _io
-    graphs = {k: dict(src.graphs[k], **_io(out / src.graphs[k]["file"])) for k in ("vision", "decoder")}
-    m = mf.Manifest(
-        format_version=mf.FORMAT_VERSION, source=dict(src.source, fp32_artifact=str(fp32_artifact.resolve())),
-        precision="int8", model=src.model, graphs=graphs, kv_cache=src.kv_cache, rope=src.rope,
-        preprocess=src.preprocess, tokens=src.tokens, decode=src.decode, tokenizer=src.tokenizer,
+    m = src.derive(
+        precision="int8", source=dict(src.source, fp32_artifact=str(fp32_artifact.resolve())),
+        vision=replace(src.vision, **_io(out / src.vision.file)),
+        decoder=replace(src.decoder, **_io(out / src.decoder.file)),
         files=_file_table(out),
         export=dict(src.export, int8={
             "tool": "nncf", "options": asdict(opts), "calibration_set": str(calib_dir),
             "calibration_sha256": _sha_dir(paths[:c]), "holdout_sha256": _sha_dir(paths[c:c + h]),
             "seconds": round(time.perf_counter() - t0, 1), "graphs": reports}))
-    mf.write_manifest(out, m)
+    af.write(out, m)
     total = sum(v["bytes"] for v in m.files.values())
     say(f"wrote {out} ({total / 2**20:.1f} MiB, {time.perf_counter() - t0:.0f} s)")   # graphs checked by _save
     return m
 
-
-def describe(m: mf.Manifest) -> str:
-    return json.dumps(m.export.get("int8", {}).get("graphs", {}), indent=2)

@@ -18,10 +18,11 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from edgeocr import manifest as mf
+from edgeocr import artifact as af
 
 log = logging.getLogger("quantize")
 
@@ -63,7 +64,7 @@ def weight_first_matmuls(model) -> list[str]:
 
 
 def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_head: bool = False,
-                      progress: Callable[[str], None] | None = None) -> mf.Manifest:
+                      progress: Callable[[str], None] | None = None) -> af.Artifact:
     """FP16 (or FP32) artifact -> the same artifact with the decoder's MatMul weights in 8-bit blocks.
 
     The (tied) lm_head stays as it is unless `lm_head`: ONNX Runtime 1.31's CUDA MatMulNBits has no
@@ -82,7 +83,7 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
     say = progress or (lambda s: log.info("%s", s))
     t0 = time.perf_counter()
     src_artifact, out = Path(src_artifact), Path(out)
-    src = mf.read_manifest(src_artifact)
+    src = af.read(src_artifact)
     if src.precision not in ("fp16", "fp32"):
         raise ValueError(f"{src_artifact} is {src.precision}; weight-only INT8 starts from an FP16 or FP32 artifact")
     if block_size < 16 or block_size & (block_size - 1):
@@ -90,7 +91,7 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
     if out.resolve() == src_artifact.resolve():
         raise ValueError("OUT must differ from ARTIFACT")
     out.mkdir(parents=True, exist_ok=True)
-    dec_file = src.graphs["decoder"]["file"]
+    dec_file = src.decoder.file
     model = onnx.load(str(src_artifact / dec_file))          # external data loaded from beside it
     if lm_head:
         flipped = weight_first_matmuls(model)
@@ -114,17 +115,14 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
     for name in src.files:
         if name not in dec_files:
             shutil.copyfile(src_artifact / name, out / name)
-    graphs = dict(src.graphs, decoder=dict(src.graphs["decoder"], **_io(out / dec_file)))
-    m = mf.Manifest(
-        format_version=mf.FORMAT_VERSION, source=dict(src.source, base_artifact=str(src_artifact.resolve())),
-        precision=PRECISION, model=src.model, graphs=graphs, kv_cache=src.kv_cache, rope=src.rope,
-        preprocess=src.preprocess, tokens=src.tokens, decode=src.decode, tokenizer=src.tokenizer,
-        files=_file_table(out),
+    m = src.derive(
+        precision=PRECISION, source=dict(src.source, base_artifact=str(src_artifact.resolve())),
+        decoder=replace(src.decoder, **_io(out / dec_file)), files=_file_table(out),
         export=dict(src.export, weight_int8={
             "op": "com.microsoft.MatMulNBits", "bits": 8, "block_size": block_size, "symmetric": True,
             "activations": src.precision, "matmuls_quantized": done, "matmuls_total": matmuls, "lm_head": lm_head,
             "seconds": round(time.perf_counter() - t0, 1)}))
-    mf.write_manifest(out, m)
+    af.write(out, m)
     total = sum(v["bytes"] for v in m.files.values())
     say(f"wrote {out} ({total / 2**20:.1f} MiB, {time.perf_counter() - t0:.0f} s)")
     return m

@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 W=/tmp/work; mkdir -p $W
 [ -d $W/real-ckpt ] || python3 -m quantize.realsize $W/real-ckpt 2>&1 | tail -1
 [ -f $W/real-fp16/manifest.json ] || /usr/bin/time -f "export wall %e s" python3 -m quantize export $W/real-ckpt \
-    $W/real-fp16 --precision fp16 --device cuda --max-cache-len 4096 2>&1 | tail -3 | tee "$OUT/trt_export.log"
+    $W/real-fp16 --precision fp16 --device cuda --cache-len 4096 2>&1 | tail -3 | tee "$OUT/trt_export.log"
 du -sh $W/real-fp16 | tee -a "$OUT/trt_export.log"
 b() { /usr/bin/time -f "build wall %e s, peak RSS %M KB" python3 -m edgeocr build $W/real-fp16 --flavour tensorrt_rtx "$@"; }
 if b > "$OUT/trt_build.log" 2>&1; then

@@ -27,7 +27,7 @@ def ckpt_b(tmp_path_factory):
 
 def _export(ckpt, out, **kw):
     from quantize.export import ExportOptions, export
-    export(ckpt, out, ExportOptions(max_cache_len=CACHE_LEN, max_prefill_len=PREFILL_LEN, **kw))
+    export(ckpt, out, ExportOptions(cache_len=CACHE_LEN, prefill_len=PREFILL_LEN, **kw))
     return out
 
 

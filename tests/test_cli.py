@@ -51,8 +51,8 @@ def test_tasks_listing():
 
 
 def test_export_cli_reports_sizes(ckpt_a, tmp_path):
-    p = run("-m", "quantize", "export", str(ckpt_a), str(tmp_path / "art"), "--max-cache-len", "1200",
-            "--max-prefill-len", "1100")
+    p = run("-m", "quantize", "export", str(ckpt_a), str(tmp_path / "art"), "--cache-len", "1200",
+            "--prefill-len", "1100")
     assert "MiB  total" in p.stdout and "exporting decoder graph" in p.stderr
     m = json.loads((tmp_path / "art" / "manifest.json").read_text())
     assert m["kv_cache"]["max_len"] == 1200 and m["rope"]["layout"] == "B"

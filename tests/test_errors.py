@@ -112,7 +112,13 @@ def test_artifact_errors(art_a, tmp_path):
     (bad / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ArtifactError, match="format_version 99"):
         OCRModel(bad)
-    m["format_version"] = 1
+    from edgeocr.artifact import FORMAT_VERSION
+    m["format_version"] = FORMAT_VERSION
+    del m["kv_cache"]["cache_len"]
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="malformed or missing field.*cache_len"):
+        OCRModel(bad)
+    m["kv_cache"]["cache_len"] = 1536
     (bad / "manifest.json").write_text(json.dumps(m))
     (bad / "decoder.onnx.data").write_bytes(b"short")
     with pytest.raises(ArtifactError, match="decoder.onnx.data"):
@@ -128,7 +134,7 @@ def test_cache_full_is_reported(art_a, tmp_path):
     r = model.recognize(make_image(0), task="structured_parse",
                         options=DecodeOptions(max_new_tokens=5000, ignore_stop=True, tail_repetition_stop=False))
     assert r.finish_reason == "cache_full"
-    assert r.prompt_tokens + r.generated_tokens == model.session.max_len + 1
+    assert r.prompt_tokens + r.generated_tokens == model.session.cache_len + 1
 
 
 def test_gqa_fp32_on_cuda_is_refused_with_the_fix(gqa_arts):

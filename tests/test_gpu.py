@@ -66,7 +66,7 @@ def _demo_export(tmp_path, name, **kw):
     from quantize.export import ExportOptions, export
     out = tmp_path / name
     export(Path(__file__).resolve().parents[1] / "demo_model", out,
-           ExportOptions(max_cache_len=2048, max_prefill_len=1280, **kw))
+           ExportOptions(cache_len=2048, prefill_len=1280, **kw))
     return out
 
 

@@ -23,19 +23,20 @@ class Recorder:
 
     def __init__(self, inner):
         self.inner, self.logits = inner, []
-        self.name, self.max_len, self.vocab_size = inner.name, inner.max_len, inner.vocab_size
+        self.name, self.slots, self.cache_len = inner.name, inner.slots, inner.cache_len
+        self.vocab_size, self.selects = inner.vocab_size, inner.selects
 
-    def encode_image(self, pixels, fetch=True):
-        return self.inner.encode_image(pixels, fetch)
+    def encode_image(self, pixels):
+        return self.inner.encode_image(pixels)
 
-    def prefill(self, ids, cos, sin):
-        out = self.inner.prefill(ids, cos, sin)
+    def prefill(self, slot, ids, cos, sin):
+        out = self.inner.prefill(slot, ids, cos, sin)
         self.logits.append(out.copy())
         return out
 
-    def step(self, tok, pos, cos, sin):
-        out = self.inner.step(tok, pos, cos, sin)
-        self.logits.append(out.copy())
+    def step(self, tokens, pos, cos, sin, live):
+        out = self.inner.step(tokens, pos, cos, sin, live)
+        self.logits.append(out[0].copy())
         return out
 
     def memory_bytes(self):
@@ -82,9 +83,10 @@ def test_vision_embeddings_match(pair, models, seed):
     ckpt, art = pair
     model = models["a" if art.name == "tiny-a" else "b"]
     pixels, _ = runtime_inputs(model, make_image(seed))
-    ours = model.session.encode_image(pixels)
+    model.session.encode_image(pixels)
+    ours = model.session.image_embeds()
     theirs = ref.image_embeds(ref.load(ckpt), pixels)
-    assert ours.shape == theirs.shape == (1058, model.manifest.model["text"]["hidden_size"])
+    assert ours.shape == theirs.shape == (1058, model.artifact.hidden_size)
     assert np.abs(ours - theirs).max() < VISION_TOL
 
 
@@ -103,7 +105,7 @@ def test_logits_teacher_forced_and_tokens_match(pair, models, seed):
     assert ours.shape == theirs.shape
     err = np.abs(ours - theirs).max(axis=1)
     assert err.max() < LOGIT_TOL, f"per-step max |Δlogit| {err}"
-    gen = ref.generate(hf, pixels, ids, N_STEPS, model.stop_ids, model.manifest.decode["repetition_penalty"])
+    gen = ref.generate(hf, pixels, ids, N_STEPS, model.stop_ids, model.artifact.repetition_penalty)
     assert res.token_ids == gen
 
 
@@ -114,11 +116,12 @@ def test_gqa_flavour_matches_reference_in_place(which, ckpt_a, ckpt_b, gqa_arts)
     the cache rows are written by the graph itself (the host copies none)."""
     ckpt = ckpt_a if which == "a" else ckpt_b
     model = OCRModel(gqa_arts[which])
-    assert model.manifest.graphs["decoder"]["attention"] == "gqa" and model.session.inplace
-    assert model.manifest.graphs["vision"]["attention"] == "mha"
+    assert model.artifact.decoder.attention == "gqa" and model.session.inplace
+    assert model.artifact.vision.attention == "mha"
     image = make_image(4, (700, 520))
     pixels, _ = runtime_inputs(model, image)
-    vis = model.session.encode_image(pixels)              # fused MultiHeadAttention in the vision graph
+    model.session.encode_image(pixels)                    # fused MultiHeadAttention in the vision graph
+    vis = model.session.image_embeds()
     assert np.abs(vis - ref.image_embeds(ref.load(ckpt), pixels)).max() < VISION_TOL
     res, ours = run_recorded(model, image, task="spotting")
     pixels, ids = runtime_inputs(model, image, task="spotting")
@@ -128,10 +131,10 @@ def test_gqa_flavour_matches_reference_in_place(which, ckpt_a, ckpt_b, gqa_arts)
     err = np.abs(ours - theirs).max(axis=1)
     assert err.max() < LOGIT_TOL, f"per-step max |Δlogit| {err}"
     assert res.token_ids == ref.generate(hf, pixels, ids, N_STEPS, model.stop_ids,
-                                         model.manifest.decode["repetition_penalty"])
+                                         model.artifact.repetition_penalty)
     # the graph filled exactly prompt + generated - 1 rows of every layer's cache, in place
     filled = len(ids) + len(res.token_ids) - 1
-    k0 = model.session.k[0]
+    k0 = model.session.keys[0].host
     assert np.abs(k0[:, :, :filled]).sum(axis=(0, 1, 3)).min() > 0 and not k0[:, :, filled:].any()
 
 
@@ -145,7 +148,7 @@ def test_every_task_prompt_matches_generate(ckpt_a, models, task, lang):
     hf = ref.load(ckpt_a)
     seq = np.concatenate([ids, np.asarray(res.token_ids[:-1], np.int64)])
     assert np.abs(ours - ref.logits(hf, pixels, seq)[len(ids) - 1:]).max() < LOGIT_TOL
-    assert res.token_ids == ref.generate(hf, pixels, ids, 6, model.stop_ids, 1.08)
+    assert res.token_ids == ref.generate(hf, pixels, ids, 6, model.stop_ids, model.artifact.repetition_penalty)
 
 
 def test_custom_prompt_matches(ckpt_b, models):
@@ -175,8 +178,9 @@ def test_logit_check_is_sensitive(ckpt_a, art_a, models):
 def test_streaming_equals_batch(models):
     model = models["a"]
     image = make_image(2)
-    events = list(model.stream(image, task="structured_parse", options=DecodeOptions(max_new_tokens=8)))
-    streamed = model.last_result
+    stream = model.stream(image, task="structured_parse", options=DecodeOptions(max_new_tokens=8))
+    events = list(stream)
+    streamed = stream.result
     batch = model.recognize(image, task="structured_parse", options=DecodeOptions(max_new_tokens=8))
     assert [t for t, _ in events] == batch.token_ids == streamed.token_ids
     assert "".join(d for _, d in events) == model.tokenizer.decode(batch.token_ids)

@@ -29,7 +29,7 @@ def test_realsize_export_load_run(tmp_path):
         make_realsize_checkpoint(ckpt)
     t0 = time.perf_counter()
     if not (art / "manifest.json").exists():
-        export(ckpt, art, ExportOptions(max_cache_len=4096))
+        export(ckpt, art, ExportOptions(cache_len=4096))
     m = json.loads((art / "manifest.json").read_text())
     sizes = {k: v["bytes"] for k, v in m["files"].items()}
     print(f"\nexport {time.perf_counter() - t0:.0f} s; sizes MiB:",

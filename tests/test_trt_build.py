@@ -87,7 +87,7 @@ def test_trt_buffer_plan_binds_every_tensor_once(precision, art_a, ckpt_a, tmp_p
     from quantize.export import ExportOptions, export
     if precision == "fp16":
         art_a = tmp_path / "fp16"
-        export(ckpt_a, art_a, ExportOptions(precision="fp16", max_cache_len=1536, max_prefill_len=1400))
+        export(ckpt_a, art_a, ExportOptions(precision="fp16", cache_len=1536, prefill_len=1400))
     m = read_manifest(art_a)
     plan = plan_buffers(m)
     io = {g: {t["name"]: (t["shape"], t["dtype"]) for t in m.graphs[g]["inputs"] + m.graphs[g]["outputs"]}
@@ -124,7 +124,7 @@ def test_build_fp16_engines(ckpt_a, tmp_path):
     from edgeocr.manifest import read_manifest
     from quantize.export import ExportOptions, export
     art = tmp_path / "fp16"
-    export(ckpt_a, art, ExportOptions(precision="fp16", max_cache_len=1536, max_prefill_len=1400))
+    export(ckpt_a, art, ExportOptions(precision="fp16", cache_len=1536, prefill_len=1400))
     rec = build(art, BuildOptions(flavour="tensorrt_rtx"), progress=lambda _: None)
     assert rec["precision"] == "fp16"
     for g in ("vision", "decoder"):
