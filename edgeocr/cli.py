@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     from edgeocr.check import add_arguments as add_check_arguments
     add_check_arguments(c)
     sub.add_parser("tasks", help="list the official task prompts")
-    tb = sub.add_parser("build", help="build TensorRT engines for an artifact, on the target device")
+    tb = sub.add_parser("build-engines", help="build TensorRT engines for an artifact, on the target device")
     tb.add_argument("artifact", help="artifact directory (masked attention; FP16, or INT8 with Q/DQ)")
     tb.add_argument("--flavour", choices=["auto", "tensorrt", "tensorrt_rtx"], default="auto",
                     help="full TensorRT (JetPack, x86) or TensorRT-RTX (RTX cards); auto tries them in that order")
@@ -217,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     if args.cmd == "bench":
         return _bench(args)
-    if args.cmd == "build":
-        from edgeocr.trt_build import BuildOptions, build
+    if args.cmd == "build-engines":
+        from edgeocr.trt_engines import BuildOptions, build
         try:
             rec = build(args.artifact, BuildOptions(flavour=args.flavour, opt_level=args.opt_level,
                                                     workspace_mib=args.workspace_mib),

@@ -55,6 +55,6 @@ def test_export_cli_reports_sizes(ckpt_a, tmp_path):
             "--prefill-len", "1100")
     assert "MiB  total" in p.stdout and "exporting decoder graph" in p.stderr
     m = json.loads((tmp_path / "art" / "manifest.json").read_text())
-    assert m["kv_cache"]["max_len"] == 1200 and m["rope"]["layout"] == "B"
+    assert m["kv_cache"]["cache_len"] == 1200 and m["rope"]["layout"] == "B"
     p = run("-m", "quantize", "export", str(tmp_path), str(tmp_path / "x"), check=False)
     assert p.returncode == 2 and "missing config.json" in p.stderr

@@ -1,6 +1,6 @@
-"""`edgeocr build` with TensorRT-RTX, which builds engines ahead of time without a GPU: real engines from
+"""`edgeocr build-engines` with TensorRT-RTX, which builds engines ahead of time without a GPU: real engines from
 the tiny artifacts (FP32 and INT8 with explicit Q/DQ) on this CPU-only machine, the recorded build
-report, and the version/GPU guard.  Running the engines needs an RTX GPU (not available here)."""
+report, and the version/GPU guard.  Running the engines needs an RTX GPU (TensorRT-RTX) or full TensorRT."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from edgeocr.errors import BackendError
-from edgeocr.trt_build import BuildOptions, build, check_compatible, import_trt
+from edgeocr.trt_engines import BuildOptions, build, check_compatible, import_trt
 
 CALIB = Path(__file__).resolve().parents[1] / "calibration_data" / "calib"
 
@@ -26,7 +26,7 @@ def _copy(art, tmp_path, name):
 
 def test_build_fp32_engines_via_cli(art_a, tmp_path):
     art = _copy(art_a, tmp_path, "a")
-    r = subprocess.run([sys.executable, "-m", "edgeocr", "build", str(art), "--flavour", "tensorrt_rtx"],
+    r = subprocess.run([sys.executable, "-m", "edgeocr", "build-engines", str(art), "--flavour", "tensorrt_rtx"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     rec = json.loads((art / "engines.json").read_text())
@@ -82,15 +82,15 @@ def test_trt_buffer_plan_binds_every_tensor_once(precision, art_a, ckpt_a, tmp_p
     is bound, shapes and dtypes agree with the graphs (FP16: the vision graph's FP16 embeddings are the
     buffer the prefill reads), the caches and the image rows are shared where contexts meet, and the KV
     bytes are what the manifest says.  (The session itself cannot run here: no GPU.)"""
-    from edgeocr.backends.trt import plan_buffers
-    from edgeocr.manifest import read_manifest
+    from edgeocr.backends.tensorrt import plan_buffers
+    from edgeocr.artifact import read as read_manifest
     from quantize.export import ExportOptions, export
     if precision == "fp16":
         art_a = tmp_path / "fp16"
         export(ckpt_a, art_a, ExportOptions(precision="fp16", cache_len=1536, prefill_len=1400))
     m = read_manifest(art_a)
     plan = plan_buffers(m)
-    io = {g: {t["name"]: (t["shape"], t["dtype"]) for t in m.graphs[g]["inputs"] + m.graphs[g]["outputs"]}
+    io = {g: {t["name"]: (t["shape"], t["dtype"]) for t in getattr(m, g).inputs + getattr(m, g).outputs}
           for g in ("vision", "decoder")}
     assert set(plan.bindings["vision"]) == set(io["vision"])
     for ctx, g in (("vision", "vision"), ("prefill", "decoder"), ("decode", "decoder")):
@@ -101,17 +101,17 @@ def test_trt_buffer_plan_binds_every_tensor_once(precision, art_a, ckpt_a, tmp_p
             assert all(w == h for w, h in zip(want, have.shape) if isinstance(w, int)), (ctx, tensor)
     assert plan.buffers["image_embeds"].dtype == ("float16" if precision == "fp16" else "float32")
     pre, dec = plan.bindings["prefill"], plan.bindings["decode"]
-    assert all(pre[f"past_key_{i}"] == dec[f"past_key_{i}"] for i in range(m.kv_cache["layers"]))
+    assert all(pre[f"past_key_{i}"] == dec[f"past_key_{i}"] for i in range(m.kv.layers))
     assert plan.bindings["vision"]["image_embeds"] == pre["image_embeds"] != dec["image_embeds"]
     assert pre["new_key_0"] != dec["new_key_0"] and pre["logits"] == dec["logits"]
     kv = sum(b.nbytes for n, b in plan.buffers.items() if n.startswith("cache_"))
-    assert kv == m.kv_cache["bytes_per_token"] * m.kv_cache["max_len"]
+    assert kv == m.kv.bytes_per_token * m.kv.cache_len == m.kv.bytes
     assert plan.fixed_shapes["decode"]["input_ids"] == (1, 1)
 
 
 def test_trt_session_without_engines_says_build(art_a):
     from edgeocr.model import OCRModel
-    with pytest.raises(BackendError, match="edgeocr build"):
+    with pytest.raises(BackendError, match="edgeocr build-engines"):
         OCRModel(art_a, backend="tensorrt", device="cuda")
     with pytest.raises(BackendError, match="device='cuda'"):
         OCRModel(art_a, backend="tensorrt", device="cpu")
@@ -120,8 +120,8 @@ def test_trt_session_without_engines_says_build(art_a):
 def test_build_fp16_engines(ckpt_a, tmp_path):
     """An FP16 artifact (image embeddings FP16 end to end) gives FP16 engines: strongly typed, so the
     network's tensors keep the graph's FP16; the image buffer the session shares is FP16 on both sides."""
-    from edgeocr.backends.trt import plan_buffers
-    from edgeocr.manifest import read_manifest
+    from edgeocr.backends.tensorrt import plan_buffers
+    from edgeocr.artifact import read as read_manifest
     from quantize.export import ExportOptions, export
     art = tmp_path / "fp16"
     export(ckpt_a, art, ExportOptions(precision="fp16", cache_len=1536, prefill_len=1400))

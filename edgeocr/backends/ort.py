@@ -112,13 +112,13 @@ class OrtSession:
             return ["CPUExecutionProvider"], ["CPUExecutionProvider"]
         if device != "cuda":
             raise BackendError(f"unknown device {device!r} for onnxruntime; use 'cpu' or 'cuda'")
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise BackendError("CUDAExecutionProvider is not available in this onnxruntime "
-                               f"(providers: {ort.get_available_providers()}); pip install 'edgeocr[cuda]'")
         if self.inplace and self.kv_dtype == np.float32:
             raise BackendError("this artifact's decoder uses GroupQueryAttention, which ONNX Runtime's CUDA "
                                "provider runs in fp16/bf16 only: export it with --precision fp16 for CUDA, "
                                "or with --attention masked, or run it on the CPU")
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise BackendError("CUDAExecutionProvider is not available in this onnxruntime "
+                               f"(providers: {ort.get_available_providers()}); pip install 'edgeocr[cuda]'")
         # TF32 would change FP32 numerics by ~1e-3 relative: FP32 artifacts stay exact.  The arena grows by
         # what is asked, not in powers of two (device memory is the scarce thing on Orin).
         cuda = {"device_id": 0, "use_tf32": 0 if self.art.precision == "fp32" else 1,

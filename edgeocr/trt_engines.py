@@ -1,10 +1,12 @@
-"""`edgeocr build ARTIFACT`: ONNX artifact -> TensorRT engines, on the target device (issue 6).
+"""TensorRT engine helpers: `edgeocr build-engines ARTIFACT` (ONNX artifact -> TensorRT engines, on the target
+device), loading TensorRT, deserializing engines and checking they fit this machine.  The session that runs
+them is edgeocr.backends.tensorrt.
 
 Two flavours share this code: full TensorRT (`tensorrt`, JetPack 6 ships 10.3; x86 wheels from NVIDIA)
 and TensorRT-RTX (`tensorrt_rtx`, pip-installable, RTX GPUs).  Networks are strongly typed, so the
 precision is the ONNX graph's own: an FP16 artifact gives FP16 engines, an INT8 artifact's explicit
 Q/DQ gives INT8 layers (no implicit-INT8 calibrator: deprecated in 10.1, gone in 11).  Profiles: one
-static profile for vision; two for the decoder (prefill: S in [1, max_prefill], the image rows
+static profile for vision; two for the decoder, batch 1 (prefill: S in [1, prefill_len], the image rows
 present; decode: S = 1 with a one-row image placeholder).  A timing cache persists beside the engines;
 progress goes through IProgressMonitor; what the builder reports (layers, sizes, time) is saved.
 
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgeocr.errors import BackendError
-from edgeocr.manifest import read_manifest
+from edgeocr import artifact as af
 
 ENGINES_FILE = "engines.json"
 FLAVOURS = ("tensorrt", "tensorrt_rtx")
@@ -93,30 +95,24 @@ def _gpu() -> dict:
         return {}
 
 
-def _profiles(m, graph: str) -> list[dict[str, tuple[tuple, tuple, tuple]]]:
-    """Optimization profiles: input name -> (min, opt, max) shapes."""
-    g = m.graphs[graph]
-    fixed = {}
-    for t in g["inputs"]:
-        if all(isinstance(d, int) for d in t["shape"]):
-            s = tuple(t["shape"])
-            fixed[t["name"]] = (s, s, s)
+def profiles(art: af.Artifact, graph: str) -> list[dict[str, tuple[tuple, tuple, tuple]]]:
+    """Optimization profiles: input name -> (min, opt, max) shapes.  One sequence (batch 1): the TensorRT
+    session decodes one page at a time."""
+    g = getattr(art, graph)
     if graph == "vision":
-        return [fixed]
-    n_img = m.preprocess["n_image_tokens"]
-    hidden = m.model["text"]["hidden_size"]
-    d = m.kv_cache["head_dim"]
-    max_s = g["max_prefill_len"]
+        return [{t["name"]: (tuple(t["shape"]),) * 3 for t in g.inputs}]
+    kv, d, hidden = art.kv, art.kv.head_dim, art.hidden_size
+    n_img, max_s = art.image.n_image_tokens, g.prefill_len
     opt_s = min(max_s, n_img + 32)
-    prefill = dict(fixed)
-    prefill.update({"input_ids": ((1, 1), (1, opt_s), (1, max_s)),
-                    "image_embeds": ((1, hidden), (n_img, hidden), (n_img, hidden)),
-                    "cos": ((1, 1, d), (1, opt_s, d), (1, max_s, d)),
-                    "sin": ((1, 1, d), (1, opt_s, d), (1, max_s, d))})
-    decode = dict(fixed)
-    decode.update({"input_ids": ((1, 1),) * 3, "image_embeds": ((1, hidden),) * 3,
-                   "cos": ((1, 1, d),) * 3, "sin": ((1, 1, d),) * 3})
-    return [prefill, decode]
+    common = {"past_len": ((1,),) * 3, "seen": ((1, art.vocab_size),) * 3, "penalty": ((1,),) * 3,
+              **{f"past_{k}_{i}": ((1, *kv.shape[1:]),) * 3 for k in ("key", "value") for i in range(kv.layers)}}
+    prefill = {**common, "input_ids": ((1, 1), (1, opt_s), (1, max_s)),
+               "image_embeds": ((1, hidden), (n_img, hidden), (n_img, hidden)),
+               "cos": ((1, 1, d), (1, opt_s, d), (1, max_s, d)), "sin": ((1, 1, d), (1, opt_s, d), (1, max_s, d))}
+    decode = {**common, "input_ids": ((1, 1),) * 3, "image_embeds": ((1, hidden),) * 3,
+              "cos": ((1, 1, d),) * 3, "sin": ((1, 1, d),) * 3}
+    names = {t["name"] for t in g.inputs}
+    return [{k: v for k, v in p.items() if k in names} for p in (prefill, decode)]
 
 
 def _progress_monitor(trt, say):
@@ -209,8 +205,8 @@ def _inspect(trt, logger, engine_path: Path) -> dict:
 def build(artifact: str | Path, opts: BuildOptions = BuildOptions(), progress=print) -> dict:
     """Build vision and decoder engines into the artifact directory; returns the engines record."""
     art = Path(artifact)
-    m = read_manifest(art)
-    if m.graphs["decoder"].get("attention", "masked") != "masked":
+    m = af.read(art)
+    if m.decoder.attention != "masked":
         raise BackendError("this artifact's decoder uses ONNX Runtime's GroupQueryAttention, which TensorRT "
                            "cannot parse: export it with --attention masked (the default) for TensorRT")
     trt, flavour = import_trt(opts.flavour)
@@ -220,8 +216,8 @@ def build(artifact: str | Path, opts: BuildOptions = BuildOptions(), progress=pr
     record = {"flavour": flavour, "tensorrt_version": trt.__version__, "gpu": gpu, "precision": m.precision,
               "engines": {}}
     for graph in ("vision", "decoder"):
-        progress(f"building {graph} engine from {m.graphs[graph]['file']}")
-        info = build_graph(trt, art / m.graphs[graph]["file"], art / f"{graph}.engine", _profiles(m, graph),
+        progress(f"building {graph} engine from {getattr(m, graph).file}")
+        info = build_graph(trt, art / getattr(m, graph).file, art / f"{graph}.engine", profiles(m, graph),
                            opts, cache, progress)
         progress(f"{graph}: {info['bytes'] / 2**20:.1f} MiB engine in {info['build_seconds']:.1f} s "
                  f"({info['network_layers']} network layers, {info['qdq_layers']} Q/DQ)")
@@ -237,9 +233,9 @@ def check_compatible(record: dict, trt_version: str, gpu: dict) -> None:
     built = record.get("tensorrt_version")
     if built != trt_version:
         raise BackendError(f"these engines were built with {record.get('flavour', 'TensorRT')} {built}, this "
-                           f"machine has {trt_version}: rebuild them here with `edgeocr build ARTIFACT`")
+                           f"machine has {trt_version}: rebuild them here with `edgeocr build-engines ARTIFACT`")
     bg = record.get("gpu") or {}
     if bg and gpu and (bg.get("name"), bg.get("compute_capability")) != (gpu.get("name"), gpu.get("compute_capability")):
         raise BackendError(f"these engines were built for {bg.get('name')} (compute capability "
                            f"{bg.get('compute_capability')}), this GPU is {gpu.get('name')} "
-                           f"({gpu.get('compute_capability')}): rebuild them here with `edgeocr build ARTIFACT`")
+                           f"({gpu.get('compute_capability')}): rebuild them here with `edgeocr build-engines ARTIFACT`")

@@ -1,4 +1,5 @@
-"""TensorRT session (full TensorRT or TensorRT-RTX engines from `edgeocr build`), same seam as OrtSession.
+"""TensorRT session (full TensorRT or TensorRT-RTX engines from `edgeocr build-engines`), same seam as the
+ONNX Runtime sessions, for one-slot artifacts (one page at a time).
 
 Device buffers are planned once from the manifest (`plan_buffers`), allocated once with cudaMalloc and
 bound to the engines' tensors once (`set_tensor_address`): the vision output is the prefill's image
@@ -8,8 +9,8 @@ device from pinned memory, runs the decode context — captured once as a CUDA g
 writes the new K/V rows into the caches with one 2-D device copy per tensor, and copies back the
 logits, or only the next token id when the artifact selects on device.
 
-Status: the plan is tested on CPU; this class has not been executed — no machine available here can
-run a TensorRT engine (no full TensorRT; TensorRT-RTX does not run on the H200's compute capability 9.0).
+Status: the buffer plan is tested on CPU and engines are built in CI ahead of time; this class itself has
+not been executed yet (it needs full TensorRT on a Jetson or a TensorRT-RTX-capable RTX GPU).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeocr.errors import BackendError
-from edgeocr.manifest import Manifest, io_dtype
+from edgeocr.artifact import Artifact
 
 _NP = {"float32": np.float32, "float16": np.float16}
 
@@ -53,18 +54,21 @@ class Plan:
         return sum(b.nbytes for b in self.buffers.values())
 
 
-def plan_buffers(m: Manifest) -> Plan:
+def plan_buffers(m: Artifact) -> Plan:
     """Every device buffer the TensorRT session needs, and which engine tensor each context binds to it."""
-    if m.graphs["decoder"].get("attention", "masked") != "masked":
+    if m.decoder.attention != "masked":
         raise BackendError("TensorRT runs the portable decoder only: export with --attention masked")
-    t, kv, pre = m.model["text"], m.kv_cache, m.preprocess
-    S, N, H = pre["canvas"], pre["n_image_tokens"], t["hidden_size"]
-    D, MAX, L, KVH = kv["head_dim"], kv["max_len"], kv["layers"], kv["kv_heads"]
-    P, V = m.graphs["decoder"]["max_prefill_len"], t["vocab_size"]
-    kvdt = kv["dtype"]
+    if m.slots != 1:
+        raise BackendError(f"this artifact has {m.slots} slots; the TensorRT session decodes one page at a time: "
+                           "export with --slots 1 for TensorRT")
+    kv = m.kv
+    S, N, H = m.image.canvas, m.image.n_image_tokens, m.hidden_size
+    D, MAX, L, KVH = kv.head_dim, kv.cache_len, kv.layers, kv.kv_heads
+    P, V = m.decoder.prefill_len, m.vocab_size
+    kvdt = kv.dtype
     p = Plan()
     p.add("pixels", (1, 3, S, S), "float32")
-    emb = {g: io_dtype(m, g, "image_embeds") for g in ("vision", "decoder")}
+    emb = {g: getattr(m, g).dtype_of("image_embeds") for g in ("vision", "decoder")}
     if emb["vision"] != emb["decoder"]:
         raise BackendError(f"this artifact's vision graph writes {emb['vision']} image embeddings but its decoder "
                            f"reads {emb['decoder']}: one device buffer cannot serve both; re-export it with this "
@@ -84,9 +88,9 @@ def plan_buffers(m: Manifest) -> Plan:
              "sin": "prefill_sin", "past_len": "past_len", "logits": "logits"}
     dec_b = {"input_ids": "step_ids", "image_embeds": "image_placeholder", "cos": "step_cos",
              "sin": "step_sin", "past_len": "past_len", "logits": "logits"}
-    if m.graphs["decoder"].get("select_on_device"):
+    if m.decoder.select_on_device:
         for b in (pre_b, dec_b):
-            b.update(seen=p.add("seen", (1, V), "float32"), penalty=p.add("penalty", (), "float32"),
+            b.update(seen=p.add("seen", (1, V), "float32"), penalty=p.add("penalty", (1,), "float32"),
                      next_token=p.add("next_token", (1,), "int64"))
     for kind in ("key", "value"):
         for i in range(L):
@@ -102,22 +106,22 @@ def plan_buffers(m: Manifest) -> Plan:
 class TrtSession:
     """Implements edgeocr.backends.base.Session on TensorRT engines (see the module doc for status)."""
 
-    def __init__(self, artifact: Path, m: Manifest, flavour: str = "auto", cuda_graph: bool = True):
+    def __init__(self, artifact: Path, m: Artifact, flavour: str = "auto", cuda_graph: bool = True):
         from edgeocr.backends import cudart
-        from edgeocr.trt_build import ENGINES_FILE, check_compatible, deserialize, import_trt, make_logger
+        from edgeocr.trt_engines import ENGINES_FILE, check_compatible, deserialize, import_trt, make_logger
 
         rec_path = Path(artifact) / ENGINES_FILE
         if not rec_path.exists():
-            raise BackendError(f"{artifact} has no TensorRT engines: run `edgeocr build {artifact}` on this device")
+            raise BackendError(f"{artifact} has no TensorRT engines: run `edgeocr build-engines {artifact}` on this device")
+        self.m, self.plan = m, plan_buffers(m)
         trt, name = import_trt(flavour)
         self.cuda = cudart.load()
         check_compatible(json.loads(rec_path.read_text()), trt.__version__, self.cuda.device_info())
-        self.m, self.plan = m, plan_buffers(m)
-        kv = m.kv_cache
-        self.layers, self.kvh, self.hd, self.max_len = kv["layers"], kv["kv_heads"], kv["head_dim"], kv["max_len"]
-        self.vocab_size, self.hidden = m.model["text"]["vocab_size"], m.model["text"]["hidden_size"]
-        self.kv_dtype = _NP[kv["dtype"]]
-        self.inplace, self.selects, self.first_token = False, bool(m.graphs["decoder"].get("select_on_device")), -1
+        kv = m.kv
+        self.layers, self.kvh, self.hd, self.cache_len = kv.layers, kv.kv_heads, kv.head_dim, kv.cache_len
+        self.slots, self.vocab_size, self.hidden = 1, m.vocab_size, m.hidden_size
+        self.kv_dtype = _NP[kv.dtype]
+        self.selects = m.decoder.select_on_device
         self.name = name.replace("_", "-")
         self._logger = make_logger(trt)
         self._runtime = trt.Runtime(self._logger)        # outlives the engines
@@ -126,7 +130,7 @@ class TrtSession:
             eng, why = deserialize(self._runtime, self._logger, (Path(artifact) / f"{g}.engine").read_bytes())
             if eng is None:
                 raise BackendError(f"{g}.engine does not load here (TensorRT: {why}): rebuild it with "
-                                   f"`edgeocr build {artifact}`")
+                                   f"`edgeocr build-engines {artifact}`")
             self.engines[g] = eng
         self.stream = self.cuda.stream_create()
         self.ptr = {b.name: self.cuda.malloc(b.nbytes) for b in self.plan.buffers.values()}
@@ -173,26 +177,22 @@ class TrtSession:
         for kind in ("key", "value"):
             for i in range(self.layers):
                 self.cuda.memcpy2d_async(self.ptr[f"cache_{kind}_{i}"] + pos * self.row_bytes,
-                                         self.max_len * self.row_bytes, self.ptr[f"{prefix}_new_{kind}_{i}"],
+                                         self.cache_len * self.row_bytes, self.ptr[f"{prefix}_new_{kind}_{i}"],
                                          s * self.row_bytes, s * self.row_bytes, self.kvh, self.stream)
 
     def _run(self, cname: str) -> None:
         if not self.ctx[cname].execute_async_v3(self.stream):
             raise BackendError(f"TensorRT {cname} execution failed")
 
-    # -- Session
-    def encode_image(self, pixels: np.ndarray, fetch: bool = True) -> np.ndarray | None:
+    # -- Session (one slot: `slot` is always 0, every array has one row)
+    def encode_image(self, pixels: np.ndarray) -> None:
         self._h2d("pixels", np.asarray(pixels, np.float32))
         self._run("vision")
         self.has_image = True
-        if not fetch:
-            return None
-        out = np.empty(self.plan.buffers["image_embeds"].shape, self.plan.buffers["image_embeds"].dtype)
-        self.cuda.memcpy_async(out.ctypes.data, self.ptr["image_embeds"], out.nbytes, "dtoh", self.stream)
-        self.cuda.stream_sync(self.stream)
-        return out
 
-    def prefill(self, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    def _prefill(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+        if slot != 0:
+            raise IndexError(f"slot {slot}: the TensorRT session has one slot")
         s = int(input_ids.shape[0])
         c = self.ctx["prefill"]
         c.set_input_shape("input_ids", (1, s))
@@ -206,14 +206,18 @@ class TrtSession:
         self._h2d("past_len", np.zeros((1,), np.int64))
         self._run("prefill")
         self._scatter("prefill", 0, s)
-        logits = self._fetch("logits", "logits")[0].copy()
-        if self.selects:
-            self.first_token = int(self._fetch("next", "next_token")[0])
-        return logits
+
+    def prefill(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        self._prefill(slot, input_ids, cos, sin)
+        return self._fetch("logits", "logits")[0]
+
+    def prefill_token(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> int:
+        self._prefill(slot, input_ids, cos, sin)
+        return int(self._fetch("next", "next_token")[0])
 
     def _decode(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> None:
-        if not 0 <= pos < self.max_len:
-            raise IndexError(f"cache position {pos} outside [0, {self.max_len})")
+        if not 0 <= pos < self.cache_len:
+            raise IndexError(f"cache position {pos} outside [0, {self.cache_len})")
         pin = self._pin
         pin["ids"][0, 0], pin["cos"][0, 0], pin["sin"][0, 0], pin["pos"][0] = token_id, cos, sin, pos
         for key, buf in (("ids", "step_ids"), ("cos", "step_cos"), ("sin", "step_sin"), ("pos", "past_len")):
@@ -230,22 +234,24 @@ class TrtSession:
             self._warm = True
         self._scatter("step", pos, 1)
 
-    def step(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        self._decode(token_id, pos, cos, sin)
-        return self._fetch("logits", "logits")[0]           # a view, valid until the next step (as on ORT)
+    def step(self, token_ids: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+             live: np.ndarray) -> np.ndarray:
+        self._decode(int(token_ids[0]), int(pos[0]), cos[0], sin[0])
+        return self._fetch("logits", "logits")           # [1, V], a view valid until the next step (as on ORT)
 
-    def begin(self, prompt_ids: np.ndarray, penalty: float) -> None:
+    def begin(self, slot: int, prompt_ids: np.ndarray, penalty: float) -> None:
         seen = np.zeros((1, self.vocab_size), np.float32)
         seen[0, np.asarray(prompt_ids, np.int64)] = 1.0
         self._h2d("seen", seen)
-        self._h2d("penalty", np.asarray(penalty, np.float32))
+        self._h2d("penalty", np.asarray([penalty], np.float32))
         self.cuda.stream_sync(self.stream)
 
-    def step_token(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> int:
-        self.cuda.memcpy_async(self.ptr["seen"] + 4 * int(token_id), self._pin["one"].ctypes.data, 4, "htod",
+    def step_tokens(self, token_ids: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+                    live: np.ndarray) -> np.ndarray:
+        self.cuda.memcpy_async(self.ptr["seen"] + 4 * int(token_ids[0]), self._pin["one"].ctypes.data, 4, "htod",
                                self.stream)
-        self._decode(token_id, pos, cos, sin)
-        return int(self._fetch("next", "next_token")[0])
+        self._decode(int(token_ids[0]), int(pos[0]), cos[0], sin[0])
+        return self._fetch("next", "next_token")
 
     def memory_bytes(self) -> dict:
         kv = sum(b.nbytes for n, b in self.plan.buffers.items() if n.startswith("cache_"))
