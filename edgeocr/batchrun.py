@@ -121,6 +121,8 @@ def prepare_output(path: str | Path, resume: bool = False, overwrite: bool = Fal
     empty = ResumeState(frozenset(), 0, 0, 0)
     if path.is_dir():
         raise OutputError(f"--out {path}: is a directory")
+    if not path.parent.is_dir():
+        raise OutputError(f"--out {path}: folder {path.parent} does not exist")
     if not path.exists() or path.stat().st_size == 0:
         return empty
     if overwrite:
@@ -170,7 +172,10 @@ class JsonlWriter:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._f = open(self.path, "ab")
+        try:
+            self._f = open(self.path, "ab")
+        except OSError as e:
+            raise OutputError(f"--out {path}: cannot be written ({e.strerror or e})") from None
         self._end = self._f.seek(0, os.SEEK_END)    # file offset just past the last complete line
         self._lock = threading.Lock()
         self.lines = 0                               # lines written by this writer

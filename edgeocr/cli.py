@@ -43,8 +43,12 @@ def _run(args) -> int:
     if not todo:
         print(f"nothing to do: all {len(refs)} pages are in {args.out}", file=sys.stderr)
         return EXIT_OK
-    with pages.PageLoader(dpi=args.dpi) as loader:
-        return _run_pages(args, todo, loader, multi=len(refs) > 1)
+    try:
+        with pages.PageLoader(dpi=args.dpi) as loader:
+            return _run_pages(args, todo, loader, multi=len(refs) > 1)
+    except KeyboardInterrupt:                        # before the pages started (model loading)
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _usage(msg: str) -> int:
@@ -55,20 +59,21 @@ def _usage(msg: str) -> int:
 class _Interrupt:
     """SIGINT: the first stops feeding pages (those in flight finish), the second stops at once."""
 
-    def __init__(self, say):
+    def __init__(self):
         import threading
         self.stop = threading.Event()
-        self.say = say
 
     def __call__(self, signum, frame) -> None:
         if self.stop.is_set():
             raise KeyboardInterrupt
         self.stop.set()
-        self.say("interrupted: finishing the pages in flight (Ctrl-C again to stop now)")
+        # straight to the descriptor: the handler may run in the middle of a buffered print to stderr
+        os.write(sys.stderr.fileno(), b"\ninterrupted: finishing the pages in flight (Ctrl-C again to stop now)\n")
 
 
 def _run_pages(args, todo, loader, multi: bool) -> int:
     import signal
+    import threading
     import time
 
     from tqdm import tqdm
@@ -81,14 +86,15 @@ def _run_pages(args, todo, loader, multi: bool) -> int:
                 and (args.out is not None or (multi and not sys.stdout.isatty())))
     model = OCRModel(args.model, device=args.device, threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph])
     opts = DecodeOptions(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
+    out = batchrun.JsonlWriter(args.out) if args.out else None
     sized = show_bar and _terminal_sized()          # else tqdm would draw nothing on a 0x0 terminal
     bar = tqdm(total=len(todo), unit="page", file=sys.stderr, disable=not show_bar,
                dynamic_ncols=sized, ncols=None if sized else 80, nrows=None if sized else 24)
     say = (lambda msg: bar.write(msg, file=sys.stderr)) if show_bar else (lambda msg: print(msg, file=sys.stderr))
-    out = batchrun.JsonlWriter(args.out) if args.out else None
     counts = {"ok": 0, "failed": 0}
-    interrupt = _Interrupt(say)
-    previous = signal.signal(signal.SIGINT, interrupt)
+    interrupt = _Interrupt()
+    main_thread = threading.current_thread() is threading.main_thread()     # signal handlers live there
+    previous = signal.signal(signal.SIGINT, interrupt) if main_thread else None
     t0 = time.perf_counter()
 
     def on_page(o: batchrun.PageOutcome) -> None:
@@ -113,11 +119,13 @@ def _run_pages(args, todo, loader, multi: bool) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)     # let the file close cleanly
+        if main_thread:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)     # let the file close cleanly
         bar.close()
         if out is not None:
             out.close()
-        signal.signal(signal.SIGINT, previous)
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
     done = counts["ok"] + counts["failed"]
     secs = time.perf_counter() - t0
     if out is not None or multi:
@@ -165,8 +173,8 @@ def _stream_pages(model, todo, loader, on_page, args, opts, stop) -> None:
 def _print_result(args, o, multi: bool) -> None:
     """Without --out: text (a `== file` header per page when there are several) or one JSON per page."""
     if args.format == "json":
-        print(json.dumps({"image": o.ref.file, "page": o.ref.page, **o.result.to_dict()}, ensure_ascii=False),
-              flush=True)
+        rec = o.record()
+        print(json.dumps({"image": rec.pop("file"), **rec}, ensure_ascii=False), flush=True)
     elif not args.stream:
         if multi:
             print(f"== {o.ref.label}")
@@ -293,15 +301,6 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("images", nargs="+", metavar="INPUT",
                    help="image file, PDF (each page; needs the pdf extra), folder (its images and PDFs, sorted) "
                         "or quoted glob pattern ('scans/**/*.pdf')")
-    r.add_argument("--out", "-o", metavar="FILE.jsonl",
-                   help="write one JSON line per page: {file, page, text, lines, finish_reason, timings_ms, ...}, "
-                        "or {file, page, error: {type, message}} for a page that failed")
-    r.add_argument("--resume", action="store_true",
-                   help="continue an --out file: skip pages it holds without an error, retry the others")
-    r.add_argument("--overwrite", action="store_true", help="start an existing --out file over")
-    r.add_argument("--dpi", type=float, default=DEFAULT_DPI, help=f"PDF rasterization (default {DEFAULT_DPI})")
-    r.add_argument("--no-progress", action="store_true",
-                   help="no progress bar (shown on a terminal with --out, or when stdout is redirected)")
     r.add_argument("--model", "-m", default=os.environ.get("EDGEOCR_MODEL"),
                    help="artifact directory (env EDGEOCR_MODEL)")
     g = r.add_mutually_exclusive_group()
@@ -315,6 +314,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     _graph_arg(r)
+    r.add_argument("--out", "-o", metavar="FILE.jsonl",
+                   help="write one JSON line per page: {file, page, text, lines, finish_reason, timings_ms, ...}, "
+                        "or {file, page, error: {type, message}} for a page that failed")
+    r.add_argument("--resume", action="store_true",
+                   help="continue an --out file: skip pages it holds without an error, retry the others")
+    r.add_argument("--overwrite", action="store_true", help="start an existing --out file over")
+    r.add_argument("--dpi", type=float, default=DEFAULT_DPI, help=f"PDF rasterization (default {DEFAULT_DPI})")
+    r.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (shown on a terminal with --out, or when stdout is redirected)")
     r.add_argument("--remote", nargs="?", const=os.environ.get("EDGEOCR_REMOTE", "unix:/run/edgeocr/edgeocr.sock"),
                    default=None, metavar="ADDRESS",
                    help="use a running daemon instead of loading the model: unix:/path.sock or http://127.0.0.1:PORT "

@@ -85,8 +85,11 @@ def _suffixes() -> tuple[str, ...]:
 
 
 def _folder_files(folder: Path) -> list[str]:
-    return [str(c) for c in sorted(folder.iterdir(), key=lambda c: c.name)
-            if not c.name.startswith(".") and c.suffix.lower() in _suffixes() and c.is_file()]
+    try:
+        children = sorted(folder.iterdir(), key=lambda c: c.name)
+    except OSError as e:
+        raise InputPathError(f"{folder}: folder cannot be listed ({e.strerror or e})") from None
+    return [str(c) for c in children if not c.name.startswith(".") and c.suffix.lower() in _suffixes() and c.is_file()]
 
 
 def _glob_files(pattern: str) -> list[str]:

@@ -222,7 +222,8 @@ def test_usage_errors(tmp_path):
     for extra, msg in [(["--out", tmp_path / "o.jsonl", "--stream"], "does not combine with --out"),
                        (["--resume"], "apply to an --out file"),
                        ([tmp_path / "empty"], "folder has no image or PDF file"),
-                       (["--dpi", "0"], "--dpi must be positive")]:
+                       (["--dpi", "0"], "--dpi must be positive"),
+                       (["--out", tmp_path / "nowhere" / "o.jsonl"], "does not exist")]:
         p = cli(tmp_path / "in", *extra, "--model", tmp_path, check_rc=2)
         assert msg in p.stderr and "Traceback" not in p.stderr
 
