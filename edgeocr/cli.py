@@ -1,6 +1,7 @@
 """`edgeocr` command line: thin wrappers over the library.
 
-    edgeocr run IMAGE... --model ARTIFACT [--task T | --prompt P] [--format text|json] [--stream]
+    edgeocr run INPUT... --model ARTIFACT [--task T | --prompt P] [--format text|json] [--stream]
+                         [--out FILE.jsonl [--resume | --overwrite]] [--dpi 200]
     edgeocr tasks
 """
 
@@ -16,38 +17,174 @@ from pathlib import Path
 from edgeocr.errors import EdgeOCRError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 128 + 2                 # SIGINT, as shells report it
 
 
 def _run(args) -> int:
+    from edgeocr import batchrun, pages
+
+    if args.out and args.stream:
+        return _usage("--stream prints to the terminal; it does not combine with --out")
+    if (args.resume or args.overwrite) and not args.out:
+        return _usage("--resume and --overwrite apply to an --out file")
+    if args.resume and args.overwrite:
+        return _usage("--resume and --overwrite exclude each other")
+    if not args.dpi > 0:
+        return _usage(f"--dpi must be positive, got {args.dpi:g}")
+    try:
+        refs = pages.list_pages(pages.list_files(args.images))
+        state = batchrun.prepare_output(args.out, args.resume, args.overwrite) if args.out else None
+    except (pages.InputPathError, batchrun.OutputError) as e:
+        return _usage(str(e))
+    todo = [r for r in refs if state is None or r.key not in state.done]
+    if state is not None and (state.kept or state.retried or state.partial_bytes):
+        print(f"resuming {args.out}: {state.kept} pages already done, {len(todo)} to go"
+              + (f" ({state.retried} failed before, retried)" if state.retried else ""), file=sys.stderr)
+    if not todo:
+        print(f"nothing to do: all {len(refs)} pages are in {args.out}", file=sys.stderr)
+        return EXIT_OK
+    try:
+        with pages.PageLoader(dpi=args.dpi) as loader:
+            return _run_pages(args, todo, loader, multi=len(refs) > 1)
+    except KeyboardInterrupt:                        # before the pages started (model loading)
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _usage(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+class _Interrupt:
+    """SIGINT: the first stops feeding pages (those in flight finish), the second stops at once."""
+
+    def __init__(self):
+        import threading
+        self.stop = threading.Event()
+
+    def __call__(self, signum, frame) -> None:
+        if self.stop.is_set():
+            raise KeyboardInterrupt
+        self.stop.set()
+        # straight to the descriptor: the handler may run in the middle of a buffered print to stderr
+        os.write(sys.stderr.fileno(), b"\ninterrupted: finishing the pages in flight (Ctrl-C again to stop now)\n")
+
+
+def _run_pages(args, todo, loader, multi: bool) -> int:
+    import signal
+    import threading
+    import time
+
+    from tqdm import tqdm
+
+    from edgeocr import batchrun
     from edgeocr.decode import DecodeOptions
     from edgeocr.model import OCRModel
 
+    show_bar = (not args.no_progress and not (args.stream and args.format == "text") and sys.stderr.isatty()
+                and (args.out is not None or (multi and not sys.stdout.isatty())))
     model = OCRModel(args.model, device=args.device, threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph])
     opts = DecodeOptions(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
-    status = EXIT_OK
-    for img in args.images:
+    out = batchrun.JsonlWriter(args.out) if args.out else None
+    sized = show_bar and _terminal_sized()          # else tqdm would draw nothing on a 0x0 terminal
+    bar = tqdm(total=len(todo), unit="page", file=sys.stderr, disable=not show_bar,
+               dynamic_ncols=sized, ncols=None if sized else 80, nrows=None if sized else 24)
+    say = (lambda msg: bar.write(msg, file=sys.stderr)) if show_bar else (lambda msg: print(msg, file=sys.stderr))
+    counts = {"ok": 0, "failed": 0}
+    interrupt = _Interrupt()
+    main_thread = threading.current_thread() is threading.main_thread()     # signal handlers live there
+    previous = signal.signal(signal.SIGINT, interrupt) if main_thread else None
+    t0 = time.perf_counter()
+
+    def on_page(o: batchrun.PageOutcome) -> None:
+        counts["ok" if o.ok else "failed"] += 1
+        if out is not None:
+            out.write(o.record())
+        if not o.ok:
+            say(f"error: {o.error}")
+        else:
+            if out is None:
+                _print_result(args, o, multi)
+            if not show_bar:
+                say(_summary_line(o))
+        bar.update(1)
+
+    try:
+        if args.stream and args.format == "text":
+            _stream_pages(model, todo, loader, on_page, args, opts, interrupt.stop)
+        else:
+            batchrun.run_pages(model, todo, loader, on_page, task=args.task, prompt=args.prompt, lang=args.lang,
+                               options=opts, stop=interrupt.stop)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)     # let the file close cleanly
+        bar.close()
+        if out is not None:
+            out.close()
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
+    done = counts["ok"] + counts["failed"]
+    secs = time.perf_counter() - t0
+    if out is not None or multi:
+        print(f"{done} pages in {secs:.1f} s ({done / max(secs, 1e-9):.2f} pages/s): {counts['ok']} ok, "
+              f"{counts['failed']} failed" + (f" -> {args.out}" if out is not None else ""), file=sys.stderr)
+    if interrupt.stop.is_set():
+        left = len(todo) - done
+        print(f"interrupted: {left} of {len(todo)} pages not done"
+              + (f"; run again with --resume to finish {args.out}" if out is not None else ""), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_ERROR if counts["failed"] else EXIT_OK
+
+
+def _terminal_sized() -> bool:
+    """Whether stderr's terminal reports its size (a bare pty, some consoles say 0x0)."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return False
+    return size.columns > 0 and size.lines > 0
+
+
+def _stream_pages(model, todo, loader, on_page, args, opts, stop) -> None:
+    """--stream: page by page, tokens printed as they are generated."""
+    import time
+
+    from edgeocr import batchrun
+
+    for ref in todo:
+        if stop.is_set():
+            return
+        t0 = time.perf_counter()
         try:
-            if args.stream and args.format == "text":
-                res = model.recognize(img, task=args.task, prompt=args.prompt, lang=args.lang, options=opts,
-                                      on_token=lambda _t, d: (sys.stdout.write(d), sys.stdout.flush()))
-                sys.stdout.write("\n")
-            else:
-                res = model.recognize(img, task=args.task, prompt=args.prompt, lang=args.lang, options=opts)
+            img = loader.load(ref)
         except EdgeOCRError as e:
-            print(f"error: {img}: {e}", file=sys.stderr)
-            status = EXIT_ERROR
+            on_page(batchrun.PageOutcome(ref, error=e))
             continue
-        if args.format == "json":
-            print(json.dumps({"image": str(img), **res.to_dict()}, ensure_ascii=False))
-        elif not args.stream:
-            if len(args.images) > 1:
-                print(f"== {img}")
-            print(res.text)
-        t = res.timings_ms
-        print(f"[{img}] {res.generated_tokens} tokens, finish={res.finish_reason}, total {t['total']:.0f} ms "
-              f"(vision {t['vision']:.0f}, prefill {t['prefill']:.0f}, {t['per_token']:.2f} ms/token)",
-              file=sys.stderr)
-    return status
+        load_ms = (time.perf_counter() - t0) * 1e3
+        res = model.recognize(img, task=args.task, prompt=args.prompt, lang=args.lang, options=opts,
+                              on_token=lambda _t, d: (sys.stdout.write(d), sys.stdout.flush()))
+        sys.stdout.write("\n")
+        on_page(batchrun.PageOutcome(ref, result=res, load_ms=load_ms))
+
+
+def _print_result(args, o, multi: bool) -> None:
+    """Without --out: text (a `== file` header per page when there are several) or one JSON per page."""
+    if args.format == "json":
+        rec = o.record()
+        print(json.dumps({"image": rec.pop("file"), **rec}, ensure_ascii=False), flush=True)
+    elif not args.stream:
+        if multi:
+            print(f"== {o.ref.label}")
+        print(o.result.text, flush=True)
+
+
+def _summary_line(o) -> str:
+    res, t = o.result, o.result.timings_ms
+    return (f"[{o.ref.label}] {res.generated_tokens} tokens, finish={res.finish_reason}, total {t['total']:.0f} ms "
+            f"(vision {t['vision']:.0f}, prefill {t['prefill']:.0f}, {t['per_token']:.2f} ms/token)")
 
 
 def _serve(args) -> int:
@@ -151,12 +288,19 @@ def _graph_arg(p) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from edgeocr import prompts
+    from edgeocr.pages import DEFAULT_DPI
 
     ap = argparse.ArgumentParser(prog="edgeocr", description="HunyuanOCR at the edge.")
     ap.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="OCR one or more images")
-    r.add_argument("images", nargs="+", help="image files")
+    r = sub.add_parser("run", help="OCR images, folders, glob patterns and PDFs",
+                       description="Pages go to stdout (text, or one JSON per page), or with --out to a JSONL file, "
+                                   "one line per page as it finishes, with a progress bar on a terminal. "
+                                   "Exit codes: 0 all pages read, 1 a page failed (or an error), 2 usage, "
+                                   "130 interrupted (Ctrl-C: pages in flight finish; again: stop now).")
+    r.add_argument("images", nargs="+", metavar="INPUT",
+                   help="image file, PDF (each page; needs the pdf extra), folder (its images and PDFs, sorted) "
+                        "or quoted glob pattern ('scans/**/*.pdf')")
     r.add_argument("--model", "-m", default=os.environ.get("EDGEOCR_MODEL"),
                    help="artifact directory (env EDGEOCR_MODEL)")
     g = r.add_mutually_exclusive_group()
@@ -164,12 +308,21 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--prompt", "-p", help="custom instruction instead of a task")
     r.add_argument("--lang", choices=["zh", "en"], default="zh", help="prompt language for --task (default zh)")
     r.add_argument("--format", "-f", choices=["text", "json"], default="text")
-    r.add_argument("--stream", action="store_true", help="print tokens as they are generated")
+    r.add_argument("--stream", action="store_true", help="print tokens as they are generated (text format, no --out)")
     r.add_argument("--max-new-tokens", type=int, default=1024)
     r.add_argument("--repetition-penalty", type=float, default=None, help="default: the artifact's (1.08)")
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     _graph_arg(r)
+    r.add_argument("--out", "-o", metavar="FILE.jsonl",
+                   help="write one JSON line per page: {file, page, text, lines, finish_reason, timings_ms, ...}, "
+                        "or {file, page, error: {type, message}} for a page that failed")
+    r.add_argument("--resume", action="store_true",
+                   help="continue an --out file: skip pages it holds without an error, retry the others")
+    r.add_argument("--overwrite", action="store_true", help="start an existing --out file over")
+    r.add_argument("--dpi", type=float, default=DEFAULT_DPI, help=f"PDF rasterization (default {DEFAULT_DPI})")
+    r.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (shown on a terminal with --out, or when stdout is redirected)")
     r.add_argument("--remote", nargs="?", const=os.environ.get("EDGEOCR_REMOTE", "unix:/run/edgeocr/edgeocr.sock"),
                    default=None, metavar="ADDRESS",
                    help="use a running daemon instead of loading the model: unix:/path.sock or http://127.0.0.1:PORT "
@@ -238,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         from edgeocr.doctor import doctor
         return doctor(args.artifact, args.remote)
     if args.cmd == "run" and args.remote:
+        if args.out or args.resume:
+            return _usage("--out and --resume are for local runs, not --remote")
         return _run_remote(args)
     if not args.model:
         print("error: no model: pass --model ARTIFACT_DIR or set EDGEOCR_MODEL", file=sys.stderr)
