@@ -80,6 +80,10 @@ class SlotScheduler:
     def live(self) -> int:
         return sum(p is not None for p in self.pages)
 
+    def idle(self) -> bool:
+        """No slot in use and nothing left to report (a page can finish with its first token)."""
+        return not self.live() and not self._pending
+
     def admit(self, request: PageRequest, tag) -> None:
         """Preprocess, encode and prefill `request` into a free slot.  Raises EdgeOCRError subclasses on bad
         input (nothing is admitted then).  Its first token is reported by the next step()."""

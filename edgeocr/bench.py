@@ -218,3 +218,129 @@ def format_table(r: BenchResult, hf: dict | None = None) -> str:
 
 def to_json(r: BenchResult, hf: dict | None = None) -> str:
     return json.dumps({"edgeocr": asdict(r), "transformers": hf, "pid": os.getpid()}, indent=2)
+
+
+# ---------------------------------------------------------------------------------------------- many pages
+def synthetic_page(seed: int = 0, size: tuple[int, int] = (1400, 1000)):
+    """A deterministic page with text-like blocks, HxWx3 uint8 (no files needed)."""
+    rng = np.random.default_rng(seed)
+    h, w = size
+    img = np.full((h, w, 3), 250, np.uint8)
+    for y in range(80, h - 100, 38):
+        x = 60
+        while x < w - 100:
+            bw = int(rng.integers(20, 90))
+            img[y:y + 18, x:x + bw] = 30
+            x += bw + int(rng.integers(8, 20))
+    return img
+
+
+def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens: int = 64, task: str = "spotting",
+                threads: int | None = None, cuda_graph: bool | None = None) -> dict:
+    """Continuous batching over the artifact's slots: every page generates exactly `tokens` tokens.
+    Reports pages/s and tokens/s end to end (vision + prefill of each page included), and the decode step
+    time with every slot busy."""
+    from edgeocr.batch import PageRequest, SlotScheduler
+    from edgeocr.model import OCRModel
+
+    model = OCRModel(artifact, device=device, threads=threads, cuda_graph=cuda_graph)
+    opts = DecodeOptions(max_new_tokens=tokens, ignore_stop=True, tail_repetition_stop=False)
+    model.recognize(images[0], task=task, options=DecodeOptions(max_new_tokens=4, ignore_stop=True))   # warm-up
+    sched = SlotScheduler(model)
+    cuda = None
+    if device == "cuda":
+        from edgeocr.backends import cudart
+        cuda = cudart.load()
+    pending = list(enumerate(images))
+    full_steps, steps, admit_ms, done, peak_dev = [], [], [], 0, None
+    t0 = time.perf_counter()
+    while pending or not sched.idle():
+        while pending and sched.free():
+            ta = time.perf_counter()
+            i, img = pending.pop(0)
+            sched.admit(PageRequest(img, task=task, options=opts), i)
+            admit_ms.append((time.perf_counter() - ta) * 1e3)
+        busy = sched.live()
+        ts = time.perf_counter()
+        events = sched.step()
+        dt = (time.perf_counter() - ts) * 1e3
+        steps.append(dt)
+        if busy == sched.slots:
+            full_steps.append(dt)
+        done += sum(ev.result is not None for ev in events)
+        if cuda is not None and len(steps) % 64 == 1:
+            free, total = cuda.mem_info()
+            peak_dev = max(peak_dev or 0.0, (total - free) / 2**20)
+    wall = time.perf_counter() - t0
+    m = model.artifact
+    return {"backend": model.session.name, "precision": m.precision, "slots": m.slots,
+            "flavour": f"attention {m.decoder.attention}, selection {'in graph' if m.decoder.select_on_device else 'host'}, "
+                       f"CUDA graph {'on' if getattr(model.session, 'cuda_graph', False) else 'off'}",
+            "device_name": _gpu_name() if device == "cuda" else "cpu", "pages": done, "new_tokens_per_page": tokens,
+            "wall_s": wall, "pages_per_s": done / wall, "tokens_per_s": done * tokens / wall,
+            "step_ms_all_slots_busy": statistics.mean(full_steps) if full_steps else None,
+            "step_ms_mean": statistics.mean(steps), "admit_ms_mean": statistics.mean(admit_ms),
+            "kv_cache_mib": m.kv.bytes / 2**20, "kv_mib_per_slot": m.kv.bytes / m.slots / 2**20,
+            "peak_device_mib": peak_dev}
+
+
+def bench_transformers_pages(checkpoint: str | Path, images: list, tokens: int, batch: int, task: str = "spotting",
+                             attn: str = "sdpa", dtype: str = "bfloat16") -> dict:
+    """transformers batched `generate` (left padding where prompts differ) on the same pages and prompt,
+    `batch` pages per call, exactly `tokens` new tokens each."""
+    import torch
+
+    from quantize.reference import TransformersRunner, inputs
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    runner = TransformersRunner(str(checkpoint), dev, attn=attn, dtype=dtype)
+    hf = runner.model
+    runner.model.generation_config.pad_token_id = runner.stop_ids[0]
+
+    def batch_inputs(imgs):
+        per = [runner.page(im, task) for im in imgs]
+        ids = [list(p[1]) for p in per]
+        width = max(map(len, ids))
+        pad = runner.stop_ids[0]
+        padded = np.array([[pad] * (width - len(i)) + i for i in ids], np.int64)       # left padding
+        x = inputs(hf, np.concatenate([p[0] for p in per]), padded)
+        x["attention_mask"] = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids], device=hf.device)
+        return x
+
+    def run(imgs):
+        x = batch_inputs(imgs)
+        with torch.no_grad():
+            out = hf.generate(**x, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                              repetition_penalty=runner.penalty, eos_token_id=None)
+        return out.shape[1] - x["input_ids"].shape[1]
+
+    run(images[:1])      # warm-up
+    if dev == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    n = 0
+    for i in range(0, len(images), batch):
+        chunk = images[i:i + batch]
+        assert run(chunk) == tokens
+        n += len(chunk)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    return {"attn": attn, "dtype": dtype, "batch": batch, "pages": n, "new_tokens_per_page": tokens, "wall_s": wall,
+            "pages_per_s": n / wall, "tokens_per_s": n * tokens / wall,
+            "peak_device_mib": torch.cuda.max_memory_allocated() / 2**20 if dev == "cuda" else None}
+
+
+def format_pages(r: dict, hf: dict | None = None) -> str:
+    busy = r["step_ms_all_slots_busy"]
+    lines = [f"{r['backend']} {r['precision']}, {r['slots']} slot(s), {r['flavour']}",
+             f"{r['pages']} pages x {r['new_tokens_per_page']} tokens in {r['wall_s']:.2f} s: "
+             f"{r['pages_per_s']:.2f} pages/s, {r['tokens_per_s']:.0f} tokens/s",
+             f"decode step with all slots busy {busy:.3f} ms" if busy else "decode step: slots never all busy",
+             f"vision + prefill per page {r['admit_ms_mean']:.1f} ms; KV cache {r['kv_cache_mib']:.0f} MiB "
+             f"({r['kv_mib_per_slot']:.0f} MiB per slot)"]
+    if hf:
+        lines.append(f"transformers generate ({hf['dtype']}, {hf['attn']}, batch {hf['batch']}): "
+                     f"{hf['pages_per_s']:.2f} pages/s -> edgeocr {r['pages_per_s'] / hf['pages_per_s']:.2f}x")
+    return "\n".join(lines)

@@ -247,8 +247,21 @@ def _run_remote(args) -> int:
 def _bench(args) -> int:
     from edgeocr import bench
 
-    image = args.image or _synthetic_page()
     try:
+        if args.pages:
+            images = [args.image] * args.pages if args.image else \
+                [bench.synthetic_page(i, (1024, 1024)) for i in range(args.pages)]
+            r = bench.bench_pages(args.artifact, images, device=args.device, tokens=args.tokens, task=args.task,
+                                  threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph])
+            hf = None
+            if args.compare_transformers:
+                hf = bench.bench_transformers_pages(args.compare_transformers, images[:args.transformers_pages or None],
+                                                    args.tokens, r["slots"], args.task)
+            print(bench.format_pages(r, hf))
+            if args.json:
+                Path(args.json).write_text(json.dumps({"edgeocr": r, "transformers": hf}, indent=2))
+            return EXIT_OK
+        image = args.image or bench.synthetic_page()
         r = bench.bench(args.artifact, image, device=args.device, tokens=args.tokens, repeats=args.repeats,
                         task=args.task, threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph])
         hf = None
@@ -261,20 +274,6 @@ def _bench(args) -> int:
     if args.json:
         Path(args.json).write_text(bench.to_json(r, hf))
     return EXIT_OK
-
-
-def _synthetic_page():
-    """A deterministic page with text-like blocks (no files needed)."""
-    import numpy as np
-    rng = np.random.default_rng(0)
-    img = np.full((1400, 1000, 3), 250, np.uint8)
-    for y in range(80, 1300, 38):
-        x = 60
-        while x < 900:
-            w = int(rng.integers(20, 90))
-            img[y:y + 18, x:x + w] = 30
-            x += w + int(rng.integers(8, 20))
-    return img
 
 
 _GRAPH = {"auto": None, "on": True, "off": False}
@@ -350,6 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--compare-transformers", metavar="CHECKPOINT",
                    help="also run transformers generate (bf16, sdpa) on this checkpoint and print ratios")
     b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    b.add_argument("--pages", type=int, default=0, metavar="K",
+                   help="many-pages mode: K pages through the artifact's slots (continuous batching); pages/s, "
+                        "tokens/s and the decode step time with every slot busy")
+    b.add_argument("--transformers-pages", type=int, default=0, metavar="K",
+                   help="with --pages and --compare-transformers: time transformers on the first K pages only")
     c = sub.add_parser("check", help="compare two artifacts/backends page by page (e.g. FP16 vs INT8)",
                        description="Exit codes: 0 gates hold, 3 a gate failed, 1 error, 2 usage.")
     from edgeocr.check import add_arguments as add_check_arguments

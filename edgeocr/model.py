@@ -207,7 +207,7 @@ class OCRModel:
                     exhausted = True
                     break
                 sched.admit(PageRequest(item[1], task, prompt, lang, options), item[0])
-            if not sched.live():
+            if sched.idle():
                 return
             for ev in sched.step():
                 if ev.result is not None:

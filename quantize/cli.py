@@ -4,6 +4,7 @@
                                             [--rope-layout A|B] [--attention masked|gqa] [--select-on-device]
     python -m quantize int8 CHECKPOINT OUT [--calib DIR]       (calibrated W8A8, explicit Q/DQ)
     python -m quantize weight-int8 ARTIFACT OUT [--block-size 32] [--include-lm-head]
+    python -m quantize reslot ARTIFACT OUT --slots N     (same graphs, another slot count; ONNX Runtime)
     python -m quantize tiny OUT [--config tiny-a|tiny-b] [--seed N]
     python -m quantize train ...       (the demo model's trainer: python -m quantize train --help)
     python -m quantize docgen ...      (the synthetic business-document generator)
@@ -103,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--block-size", type=int, default=32, help="inputs sharing one scale (power of two >= 16)")
     w.add_argument("--include-lm-head", action="store_true",
                    help="also the (tied) lm_head, as a second INT8 copy of the embedding (slower on ORT 1.31 CUDA)")
+    rs = sub.add_parser("reslot", help="artifact -> the same graphs with another slot count (the decoder takes "
+                        "any batch; ONNX Runtime flavours; TensorRT engines must be rebuilt)")
+    rs.add_argument("artifact", type=Path)
+    rs.add_argument("out", type=Path)
+    rs.add_argument("--slots", type=int, required=True, help="pages decoded at once")
     t = sub.add_parser("tiny", help="make a tiny random-weight HunyuanVL checkpoint (tests, demos)")
     t.add_argument("out", type=Path)
     t.add_argument("--config", choices=["tiny-a", "tiny-b"], default="tiny-a")
@@ -131,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
             from quantize.weight_int8 import build_weight_int8
             _print_sizes(build_weight_int8(args.artifact, args.out, args.block_size,
                                            lm_head=args.include_lm_head, progress=_progress), args.out)
+        elif args.cmd == "reslot":
+            from quantize.export import reslot
+            m = reslot(args.artifact, args.out, args.slots)
+            _progress(f"{args.out}: {m.slots} slot(s), KV cache {m.kv.bytes / 2**20:.0f} MiB")
         elif args.cmd == "tiny":
             from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
             tc = {"tiny-a": TINY_A, "tiny-b": TINY_B}[args.config]

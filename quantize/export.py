@@ -15,7 +15,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -217,3 +217,29 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
     total = sum(x["bytes"] for x in m.files.values())
     say(f"wrote {out} ({total / 2**20:.1f} MiB in {len(m.files)} files, {time.perf_counter() - t0:.1f} s)")
     return m
+
+
+def reslot(src: Path, out: Path, slots: int) -> af.Artifact:
+    """The same artifact with another slot count.  The decoder graph takes any batch (the `batch` axis), so
+    only the manifest changes: graphs and tokenizer are hard-linked (copied across file systems).  TensorRT
+    engines are not carried over (they are built for one slot)."""
+    import os
+
+    src, out = Path(src), Path(out)
+    art = af.read(src)
+    if not isinstance(slots, int) or not 1 <= slots <= 256:
+        raise ValueError(f"slots must be an integer in 1..256, not {slots!r}")
+    if out.resolve() == src.resolve():
+        raise ValueError("OUT must differ from ARTIFACT")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in art.files:
+        dst = out / name
+        if dst.exists():
+            dst.unlink()
+        try:
+            os.link(src / name, dst)
+        except OSError:
+            shutil.copyfile(src / name, dst)
+    new = art.derive(kv=replace(art.kv, slots=slots), source=dict(art.source, base_artifact=str(src.resolve())))
+    af.write(out, new)
+    return new

@@ -32,7 +32,7 @@ def load(checkpoint, device: str = "cpu", attn: str | None = None, dtype=None):
 
 def inputs(model, pixels: np.ndarray, ids) -> dict:
     """forward()/generate() inputs.  pixels: [B, 3, S, S] normalized canvases (one per row of ids);
-    ids: [B, L] or [L] prompt (+ generated) ids, left-padded with attention_mask 0 where B > 1 rows differ."""
+    ids: [B, L] or [L] prompt (+ generated) ids (the caller masks left padding)."""
     import torch
 
     dev, dt = model.device, model.dtype
@@ -41,7 +41,7 @@ def inputs(model, pixels: np.ndarray, ids) -> dict:
     g = pixels.shape[-1] // patch
     pv = np.concatenate([preprocess.patchify(p[None], patch) for p in pixels])
     ii = torch.from_numpy(ids).to(dev)
-    return {"input_ids": ii, "attention_mask": (ii != -1).long(),
+    return {"input_ids": ii, "attention_mask": torch.ones_like(ii),
             "pixel_values": torch.from_numpy(np.ascontiguousarray(pv)).to(dev, dt),
             "image_grid_thw": torch.tensor([[1, g, g]] * len(pixels), device=dev),
             "mm_token_type_ids": (ii == model.config.image_token_id).int()}
@@ -89,14 +89,18 @@ class TransformersRunner:
         self.stop_ids = list(t.stop_ids)
         self.penalty = spec.repetition_penalty
 
-    def inputs(self, image, task=None, prompt=None, lang="zh"):
-        """generate() inputs for the runtime's letterboxed canvas and prompt ids; also the letterbox."""
+    def page(self, image, task=None, prompt=None, lang="zh"):
+        """The runtime's letterboxed, normalized canvas [1, 3, S, S], prompt ids [L] and letterbox."""
         canvas, lb = preprocess.letterbox(preprocess.load_image(image))
         pixels = preprocess.normalize(canvas)
         v = self.model.config.vision_config
         n_img = image_token_count(canvas.shape[0], v.patch_size, v.spatial_merge_size)
         instruction = prompt if prompt is not None else prompts.task_prompt(task or prompts.DEFAULT_TASK, lang)
-        ids = prompts.build_prompt_ids(self.ptoks, n_img, self.tok.encode(instruction))
+        return pixels, prompts.build_prompt_ids(self.ptoks, n_img, self.tok.encode(instruction)), lb
+
+    def inputs(self, image, task=None, prompt=None, lang="zh"):
+        """generate() inputs for the runtime's letterboxed canvas and prompt ids; also the letterbox."""
+        pixels, ids, lb = self.page(image, task, prompt, lang)
         return inputs(self.model, pixels, ids), lb
 
     def recognize(self, image, task=None, prompt=None, lang="zh", options=None) -> OCRResult:

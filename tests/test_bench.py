@@ -22,3 +22,22 @@ def test_bench_cpu_with_transformers_comparison(art_a, ckpt_a, tmp_path):
     hf = j["transformers"]
     assert hf["new_tokens"] == 12 and hf["decode_ms_per_token"] > 0
     assert "decode per token" in r.stdout and "x)" in r.stdout
+
+
+def test_bench_pages_with_transformers_batched(ckpt_a, tmp_path):
+    """`edgeocr bench --pages K` on a 3-slot artifact: K pages x N tokens, pages/s and the all-busy step time,
+    and transformers' batched generate (batch = slots) on the same pages in the same run."""
+    from conftest import _export
+    art = _export(ckpt_a, tmp_path / "s3", slots=3, attention="gqa", select_on_device=True)
+    out = tmp_path / "p.json"
+    r = subprocess.run([sys.executable, "-m", "edgeocr", "bench", str(art), "--pages", "5", "--tokens", "6",
+                        "--json", str(out), "--compare-transformers", str(ckpt_a), "--transformers-pages", "3"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    j = json.loads(out.read_text())
+    e, hf = j["edgeocr"], j["transformers"]
+    assert e["slots"] == 3 and e["pages"] == 5 and e["new_tokens_per_page"] == 6
+    assert e["pages_per_s"] > 0 and e["step_ms_all_slots_busy"] > 0 and e["kv_mib_per_slot"] > 0
+    assert abs(e["tokens_per_s"] - 6 * e["pages_per_s"]) < 1e-6 * e["tokens_per_s"]
+    assert hf["batch"] == 3 and hf["pages"] == 3 and hf["pages_per_s"] > 0
+    assert "pages/s" in r.stdout and "x" in r.stdout.splitlines()[-1]

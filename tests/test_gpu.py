@@ -37,7 +37,7 @@ def test_cuda_gqa_fp16_in_place(ckpt_a, tmp_path):
     gqa = _export(ckpt_a, tmp_path / "gqa16", precision="fp16", attention="gqa")
     masked = _export(ckpt_a, tmp_path / "masked16", precision="fp16")
     g, mk = OCRModel(gqa, device="cuda"), OCRModel(masked, device="cuda")
-    assert g.session.inplace and not g.session.step_news
+    assert g.session.inplace and not hasattr(g.session, "st_new")
     img = make_image(5)
     rg, lg = run_recorded(g, img, task="spotting", n=24)
     rm, lm = run_recorded(mk, img, task="spotting", n=24)
@@ -97,3 +97,40 @@ def test_demo_fast_flavours_on_cuda(tmp_path):
         assert runs["masked"][k][:12] == runs["plain"][k][:12]
         assert runs["w8graph"][k] == runs["w8"][k]
         assert runs["w8"][k][:12] == runs["plain"][k][:12]
+
+
+@pytest.mark.parametrize("flavour", [dict(precision="fp16", attention="gqa", select_on_device=True),
+                                     dict(precision="fp16"), dict(precision="fp32")])
+def test_cuda_slots_equal_alone(ckpt_b, tmp_path, flavour):
+    """4-slot artifacts on CUDA (gqa + in-graph selection under the CUDA graph; masked FP16 and FP32 with
+    the host's 2-D row copies per slot): 6 pages decoded together get each page's solo tokens, and FP32
+    matches the CPU."""
+    from conftest import _export
+    art = _export(ckpt_b, tmp_path / "slots", slots=4, **flavour)
+    m = OCRModel(art, device="cuda")
+    assert m.slots == 4
+    o = DecodeOptions(max_new_tokens=16, repetition_penalty=1.3)
+    pages = [make_image(40 + i, (500 + 40 * i, 800)) for i in range(6)]
+    alone = [m.recognize(p, options=o).token_ids for p in pages]
+    many = dict(m.recognize_many(pages, options=o))
+    assert [many[i].token_ids for i in range(6)] == alone
+    if flavour["precision"] == "fp32":
+        cpu = OCRModel(art, device="cpu")
+        assert [cpu.recognize(p, options=o).token_ids for p in pages] == alone
+
+
+def test_demo_slots_on_cuda_graph(tmp_path):
+    """The demo model's fast FP16 flavour with 8 slots under the CUDA graph: 10 eval pages decoded together
+    equal each page decoded alone (real text, varied lengths: pages stop at their own end token)."""
+    from pathlib import Path
+
+    from edgeocr.dataset import load_dir
+    pages = load_dir(Path(__file__).resolve().parents[1] / "calibration_data" / "eval")[:10]
+    art = _demo_export(tmp_path, "fast16x8", precision="fp16", attention="gqa", select_on_device=True, slots=8)
+    m = OCRModel(art, device="cuda")
+    assert m.session.cuda_graph and m.slots == 8
+    o = DecodeOptions(max_new_tokens=300)
+    alone = [m.recognize(p.path, task="structured_parse", options=o) for p in pages]
+    many = dict(m.recognize_many([p.path for p in pages], task="structured_parse", options=o))
+    assert [many[i].token_ids for i in range(10)] == [r.token_ids for r in alone]
+    assert len({r.generated_tokens for r in alone}) > 3

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Many pages at once on an NVIDIA GPU (onnxruntime-gpu importable; CUDA torch + transformers for the peer):
+# the real-size architecture on random weights, one FP16 export with GroupQueryAttention and in-graph
+# selection (CUDA graph on), the same graphs with 1, 4, 8 and 16 slots (`python -m quantize reslot`; the
+# decoder graph takes any batch), PAGES distinct 1024x1024 pages x TOKENS new tokens each through
+# `edgeocr bench --pages`, against transformers' batched generate (bf16, sdpa) at the same batch sizes on
+# 2 x batch pages (at least 4).  JSON and a log under $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; W=${W:-/tmp/work}; mkdir -p "$OUT" $W
+PAGES=${PAGES:-64}; TOKENS=${TOKENS:-256}; SLOTS=${SLOTS:-1 4 8 16}
+[ -d $W/real-ckpt ] || python3 -m quantize.realsize $W/real-ckpt 2>&1 | tail -1
+[ -f $W/real-fp16-gqa/manifest.json ] || python3 -m quantize export $W/real-ckpt $W/real-fp16-gqa --precision fp16 \
+    --device cuda --attention gqa --select-on-device --cache-len 4096 2>&1 | tail -1
+for n in $SLOTS; do
+  python3 -m quantize reslot $W/real-fp16-gqa $W/slots$n --slots $n 2>&1 | tail -1
+  tp=$(( 2 * n < 4 ? 4 : 2 * n ))
+  python3 -m edgeocr bench $W/slots$n --device cuda --pages $PAGES --tokens $TOKENS --task structured_parse \
+      --compare-transformers $W/real-ckpt --transformers-pages $tp --json "$OUT/slots_$n.json" 2>&1 \
+      | grep -v "Loading weights" | tee -a "$OUT/slots_bench.log"
+done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/slots_bench.log"

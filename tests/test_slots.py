@@ -1,0 +1,197 @@
+"""N-slot artifacts: pages decoded together get exactly the tokens they get decoded alone (same artifact,
+CPU FP32), which equal the one-slot artifact's (and so transformers', see test_parity), for both decoder
+flavours, host and in-graph selection, every task prompt, slots refilled mid-run, INT8 and weight-INT8."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import CACHE_LEN, PREFILL_LEN, make_image
+from edgeocr import prompts
+from edgeocr.batch import PageRequest, SlotScheduler
+from edgeocr.decode import DecodeOptions
+from edgeocr.model import OCRModel
+
+FLAVOURS = {"masked": {}, "masked-select": {"select_on_device": True}, "gqa": {"attention": "gqa"},
+            "gqa-select": {"attention": "gqa", "select_on_device": True}}
+
+
+def _export(ckpt, out, **kw):
+    from quantize.export import ExportOptions, export
+    export(ckpt, out, ExportOptions(cache_len=CACHE_LEN, prefill_len=PREFILL_LEN, **kw))
+    return out
+
+
+@pytest.fixture(scope="module")
+def slot_arts(ckpt_b, tmp_path_factory):
+    """tiny-b (GQA 6, 3 layers, stored lm_head) with 3 slots in every flavour, and its 1-slot export."""
+    root = tmp_path_factory.mktemp("slots")
+    arts = {name: _export(ckpt_b, root / name, slots=3, **kw) for name, kw in FLAVOURS.items()}
+    arts["one"] = _export(ckpt_b, root / "one")
+    return arts
+
+
+def _pages(n):
+    return [make_image(30 + i, (420 + 60 * i, 900 - 50 * i)) for i in range(n)]
+
+
+def test_manifest_and_cache_shape(slot_arts):
+    m = OCRModel(slot_arts["gqa"])
+    assert m.slots == m.artifact.kv.slots == 3
+    k = m.session.keys[0].host
+    assert k.shape == (3, m.artifact.kv.kv_heads, CACHE_LEN, m.artifact.kv.head_dim)
+    assert m.session.memory_bytes()["kv_cache"] == 3 * CACHE_LEN * m.artifact.kv.bytes_per_token
+
+
+@pytest.mark.parametrize("flavour", list(FLAVOURS))
+def test_many_pages_equal_each_page_alone(slot_arts, flavour):
+    """7 pages through 3 slots (slots refilled as pages finish), each page's tokens identical to decoding it
+    alone, and alone on the N-slot artifact identical to the one-slot artifact."""
+    opts = DecodeOptions(max_new_tokens=9, repetition_penalty=1.3)
+    pages = _pages(7)
+    one = OCRModel(slot_arts["one"])
+    ref = [one.recognize(p, task="spotting", options=opts).token_ids for p in pages]
+    model = OCRModel(slot_arts[flavour])
+    alone = [model.recognize(p, task="spotting", options=opts).token_ids for p in pages]
+    assert alone == ref
+    order, got = [], {}
+    for i, r in model.recognize_many(iter(pages), task="spotting", options=opts):
+        order.append(i)
+        got[i] = r.token_ids
+    assert sorted(order) == list(range(7)) and [got[i] for i in range(7)] == alone
+    assert len({tuple(t) for t in alone}) > 3          # the pages really differ
+
+
+def test_pages_of_different_lengths_refill_slots_mid_run(slot_arts):
+    """Pages with different max_new_tokens finish at different steps; a freed slot takes the next page
+    while the others keep decoding, and every page still matches its solo run."""
+    model = OCRModel(slot_arts["gqa-select"])
+    pages = _pages(6)
+    lengths = [3, 11, 5, 8, 2, 7]
+    reqs = [PageRequest(p, task="structured_parse", options=DecodeOptions(max_new_tokens=n, repetition_penalty=1.2))
+            for p, n in zip(pages, lengths)]
+    alone = [model.recognize(r.image, task=r.task, options=r.options).token_ids for r in reqs]
+    sched = SlotScheduler(model)
+    pending, done, admitted_while_busy = list(enumerate(reqs)), {}, 0
+    while pending or sched.live():
+        while pending and sched.free():
+            if sched.live():
+                admitted_while_busy += 1
+            i, r = pending.pop(0)
+            sched.admit(r, i)
+        for ev in sched.step():
+            if ev.result is not None:
+                done[ev.tag] = ev.result
+    assert admitted_while_busy >= 3
+    assert [done[i].token_ids for i in range(6)] == alone
+    assert [len(t) for t in alone] == lengths
+    assert all(done[i].finish_reason == "length" for i in range(6))
+
+
+@pytest.mark.parametrize("task,lang", [(t, "zh") for t in prompts.task_names()] + [("spotting", "en")])
+def test_every_task_prompt_in_slots(slot_arts, task, lang):
+    model = OCRModel(slot_arts["masked"])
+    opts = DecodeOptions(max_new_tokens=5)
+    pages = _pages(4)
+    alone = [model.recognize(p, task=task, lang=lang, options=opts).token_ids for p in pages]
+    many = dict(model.recognize_many(pages, task=task, lang=lang, options=opts))
+    assert [many[i].token_ids for i in range(4)] == alone
+
+
+def test_cancel_frees_the_slot_and_others_go_on(slot_arts):
+    model = OCRModel(slot_arts["gqa"])
+    opts = DecodeOptions(max_new_tokens=10)
+    a, b = _pages(2)
+    alone_b = model.recognize(b, options=opts).token_ids
+    sched = SlotScheduler(model)
+    sched.admit(PageRequest(a, options=opts), "a")
+    sched.admit(PageRequest(b, options=opts), "b")
+    sched.step()
+    sched.step()
+    res = sched.cancel("a")
+    assert res.finish_reason == "cancelled" and res.generated_tokens == 3 and sched.free() == 2
+    assert sched.cancel("a") is None
+    out = None
+    while out is None:
+        out = next((ev.result for ev in sched.step() if ev.tag == "b" and ev.result), None)
+    assert out.token_ids == alone_b
+
+
+def test_bad_page_raises_and_nothing_is_admitted(slot_arts):
+    from edgeocr.errors import ImageError
+    model = OCRModel(slot_arts["masked"])
+    sched = SlotScheduler(model)
+    with pytest.raises(ImageError):
+        sched.admit(PageRequest(b"not an image"), "x")
+    assert sched.free() == 3
+    with pytest.raises(ImageError):
+        list(model.recognize_many([make_image(1), b"not an image"], options=DecodeOptions(max_new_tokens=2)))
+
+
+def test_weight_int8_and_int8_builds_keep_slots(slot_arts, ckpt_b, tmp_path):
+    """Both 8-bit builds of a slot artifact: the slots survive, and pages decoded together equal alone."""
+    from pathlib import Path
+
+    from quantize.int8 import Int8Options, build_int8
+    from quantize.weight_int8 import build_weight_int8
+    w8 = build_weight_int8(slot_arts["gqa-select"], tmp_path / "w8", 32, progress=lambda _: None)
+    calib = Path(__file__).resolve().parents[1] / "calibration_data" / "calib"
+    q8 = build_int8(slot_arts["masked"], calib, tmp_path / "q8", Int8Options(calib_images=3, holdout_images=1,
+                                                                              decode_tokens=4))
+    opts = DecodeOptions(max_new_tokens=6)
+    pages = _pages(4)
+    for art, out in ((w8, tmp_path / "w8"), (q8, tmp_path / "q8")):
+        assert art.slots == 3
+        model = OCRModel(out)
+        alone = [model.recognize(p, options=opts).token_ids for p in pages]
+        many = dict(model.recognize_many(pages, options=opts))
+        assert [many[i].token_ids for i in range(4)] == alone
+
+
+def test_slot_step_reads_only_its_own_rows(slot_arts):
+    """A page decoding next to another produces the same logits at every step as alone (host selection)."""
+    model = OCRModel(slot_arts["masked"])
+    opts = DecodeOptions(max_new_tokens=4)
+    a, b = _pages(2)
+    seen = []
+    inner = model.session
+
+    class Tap:
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def step(self, tokens, pos, cos, sin, live):
+            out = inner.step(tokens, pos, cos, sin, live)
+            seen.append(out.copy())
+            return out
+
+    model.session = Tap()
+    try:
+        model.recognize(a, options=opts)
+        solo = [s[0] for s in seen]
+        seen.clear()
+        sched = SlotScheduler(model)
+        sched.admit(PageRequest(a, options=opts), "a")
+        sched.admit(PageRequest(b, options=opts), "b")
+        while sched.live():
+            sched.step()
+        together = [s[0] for s in seen[:len(solo)]]
+    finally:
+        model.session = inner
+    np.testing.assert_array_equal(np.stack(solo), np.stack(together))
+
+
+def test_reslot_gives_the_same_decoding(slot_arts, tmp_path):
+    """`python -m quantize reslot`: a one-slot export given 3 slots decodes like the 3-slot export."""
+    import subprocess
+    import sys
+    out = tmp_path / "re3"
+    subprocess.run([sys.executable, "-m", "quantize", "reslot", str(slot_arts["one"]), str(out), "--slots", "3"],
+                   check=True, capture_output=True, timeout=120)
+    opts = DecodeOptions(max_new_tokens=6)
+    pages = _pages(4)
+    a, b = OCRModel(out), OCRModel(slot_arts["masked"])
+    assert a.slots == 3
+    assert dict((i, r.token_ids) for i, r in a.recognize_many(pages, options=opts)) == \
+        dict((i, r.token_ids) for i, r in b.recognize_many(pages, options=opts))
