@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--format", "-f", choices=["text", "json"], default="text")
     r.add_argument("--stream", action="store_true", help="print tokens as they are generated (text format, no --out)")
     r.add_argument("--max-new-tokens", type=int, default=1024)
-    r.add_argument("--repetition-penalty", type=float, default=None, help="default: the artifact's (1.08)")
+    r.add_argument("--repetition-penalty", type=float, default=None, help="default: the artifact's (its checkpoint's generation_config)")
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     _graph_arg(r)

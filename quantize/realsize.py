@@ -2,7 +2,7 @@
 
     python -m quantize.realsize OUT [--dtype bfloat16]
 
-The tokenizer is a small byte-level BPE (the real 120,818-entry file cannot be downloaded here), so
+The tokenizer is a small byte-level BPE (the real 120,818-entry tokenizer is not needed for sizes and speed), so
 special-token ids differ from the real ones; every size, shape and the vocabulary width are real.
 """
 
@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+from edgeocr.artifact import DEFAULT_REPETITION_PENALTY
 from quantize.tiny import corpus
 from quantize.tokenizer_build import build_tokenizer, special_ids, tokenizer_config
 
@@ -46,7 +47,7 @@ def make_realsize_checkpoint(out: Path, dtype: str = "bfloat16", seed: int = 0) 
     model.save_pretrained(out)
     GenerationConfig(bos_token_id=ids["bos_token_id"], pad_token_id=ids["pad_token_id"],
                      eos_token_id=[ids["eos_token_id"], ids["eod_token_id"]], do_sample=False,
-                     repetition_penalty=1.08).save_pretrained(out)
+                     repetition_penalty=DEFAULT_REPETITION_PENALTY).save_pretrained(out)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(tok), ensure_ascii=False, indent=2))
     print(f"real-size HunyuanVL: {n:,} parameters ({dtype}) -> {out} in {time.perf_counter() - t0:.0f} s")

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgeocr.artifact import DEFAULT_REPETITION_PENALTY
 from edgeocr.prompts import TASKS_EN, TASKS_ZH
 from quantize.tokenizer_build import build_tokenizer, special_ids, tokenizer_config
 
@@ -120,7 +121,7 @@ def make_tiny_checkpoint(out: Path, tc: TinyConfig = TINY_A, seed: int = 0, *, f
     model.save_pretrained(out, **kwargs)
     gen = GenerationConfig(bos_token_id=ids["bos_token_id"], pad_token_id=ids["pad_token_id"],
                            eos_token_id=[ids["eos_token_id"], ids["eod_token_id"]], do_sample=False,
-                           repetition_penalty=1.08)
+                           repetition_penalty=DEFAULT_REPETITION_PENALTY)
     gen.save_pretrained(out)
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(tok), ensure_ascii=False, indent=2))
