@@ -178,15 +178,20 @@ class Artifact:
                                 "re-export the artifact with this edgeocr version")
         try:
             g = raw["graphs"]
-            return cls(
+            art = cls(
                 precision=raw["precision"], source=raw["source"], model=raw["model"],
                 vision=_typed(Graph, g["vision"]), decoder=_typed(Graph, g["decoder"]),
                 kv=_typed(KVCache, raw["kv_cache"]), image=_typed(ImageSpec, raw["preprocess"]),
                 tokens=_typed(Tokens, raw["tokens"]), rope=_typed(Rope, raw["rope"]),
                 repetition_penalty=float(raw["decode"]["repetition_penalty"]), tokenizer=raw["tokenizer"],
                 files=raw["files"], export=raw.get("export", {}), format_version=ver)
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ArtifactError(f"{where}: malformed or missing field ({type(e).__name__}: {e})") from None
+        for what, value in (("kv_cache.slots", art.kv.slots), ("kv_cache.cache_len", art.kv.cache_len),
+                            ("graphs.decoder.prefill_len", art.decoder.prefill_len)):
+            if not isinstance(value, int) or value < 1:
+                raise ArtifactError(f"{where}: {what} must be a positive integer, not {value!r}")
+        return art
 
 
 def _typed(cls, raw: dict):

@@ -12,7 +12,7 @@ OCRModel.stream / recognize / recognize_many and the daemon's engine all drive t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -52,7 +52,7 @@ class _Page:
     t_start: float                    # perf_counter when admitted
     t_first: float = 0.0              # perf_counter when its first token was chosen
     text: str = ""                    # decoded so far (deltas on)
-    steps: list[float] = field(default_factory=list)
+    done: bool = False                # finished; its slot is freed once step() has reported that
 
 
 class SlotScheduler:
@@ -78,11 +78,11 @@ class SlotScheduler:
         return self.slots - self.live()
 
     def live(self) -> int:
+        """Slots in use: a page holds its slot until step() has reported its last event."""
         return sum(p is not None for p in self.pages)
 
     def idle(self) -> bool:
-        """No slot in use and nothing left to report (a page can finish with its first token)."""
-        return not self.live() and not self._pending
+        return not self.live()
 
     def admit(self, request: PageRequest, tag) -> None:
         """Preprocess, encode and prefill `request` into a free slot.  Raises EdgeOCRError subclasses on bad
@@ -111,6 +111,9 @@ class SlotScheduler:
         """One decode step of every live slot; returns the tokens produced (first tokens of newly admitted
         pages included), with the result on each finished page's last event."""
         events, self._pending = self._pending, []
+        for i, p in enumerate(self.pages):
+            if p is not None and p.done:          # finished at admission (first token), reported now
+                self.pages[i] = None
         live = self._live
         live[:] = [p is not None for p in self.pages]
         if not live.any():
@@ -130,14 +133,17 @@ class SlotScheduler:
             page = self.pages[i]
             page.seq.step_ms.append(dt)
             self._emit(int(i), page, int(self._next[i]), events)
+            if page.done:
+                self.pages[i] = None
         return events
 
     def cancel(self, tag):
         """Free the slot holding `tag` now; its result has finish_reason "cancelled" (None: not held)."""
         for i, p in enumerate(self.pages):
-            if p is not None and p.tag is tag:
+            if p is not None and p.tag is tag and not p.done:
+                self.pages[i] = None
                 p.seq.finish_reason = decode.FINISH_CANCELLED
-                return self._finish(i, p)
+                return self._result(p)
         return None
 
     # ------------------------------------------------------------ internals
@@ -150,11 +156,13 @@ class SlotScheduler:
             text = self.model.tokenizer.decode(seq.tokens)
             if not (text.endswith("\ufffd") and not seq.finish_reason):     # incomplete UTF-8: hold back
                 delta, page.text = text[len(page.text):], text
-        result = self._finish(slot, page) if seq.finish_reason else None
+        result = None
+        if seq.finish_reason:
+            page.done = True
+            result = self._result(page)
         events.append(SlotEvent(page.tag, tok, delta, result))
 
-    def _finish(self, slot: int, page: _Page):
-        self.pages[slot] = None
+    def _result(self, page: _Page):
         seq = page.seq
         seq.decode_ms = (time.perf_counter() - page.t_first) * 1e3
         return self.model.result(seq, page.prep, page.task, page.vision_ms, page.t_start)

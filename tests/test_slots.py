@@ -195,3 +195,11 @@ def test_reslot_gives_the_same_decoding(slot_arts, tmp_path):
     assert a.slots == 3
     assert dict((i, r.token_ids) for i, r in a.recognize_many(pages, options=opts)) == \
         dict((i, r.token_ids) for i, r in b.recognize_many(pages, options=opts))
+
+
+def test_pages_that_finish_on_their_first_token(slot_arts):
+    """max_new_tokens=1: every page ends at its prefill; each is still reported once and frees its slot."""
+    model = OCRModel(slot_arts["gqa-select"])
+    got = list(model.recognize_many(_pages(5), options=DecodeOptions(max_new_tokens=1)))
+    assert sorted(i for i, _ in got) == list(range(5))
+    assert all(r.generated_tokens == 1 and r.finish_reason == "length" for _, r in got)
