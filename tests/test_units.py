@@ -138,12 +138,15 @@ def test_backends_keep_the_session_signature():
     """Every backend implements the one narrow seam with the same signatures."""
     import inspect
 
-    from edgeocr.backends.base import Session
-    from edgeocr.backends.ort import OrtSession
-    for name in ("encode_image", "prefill", "step", "memory_bytes"):
-        want = list(inspect.signature(getattr(Session, name)).parameters)
-        got = list(inspect.signature(getattr(OrtSession, name)).parameters)
-        assert got == want, (name, got, want)
+    from edgeocr.backends.base import DeviceSelectSession, Session
+    from edgeocr.backends.ort import GqaSession, MaskedSession
+    from edgeocr.backends.tensorrt import TrtSession
+    for cls in (MaskedSession, GqaSession, TrtSession):
+        for name in ("encode_image", "prefill", "step", "memory_bytes", "begin", "prefill_token", "step_tokens"):
+            want = list(inspect.signature(getattr(DeviceSelectSession, name)).parameters)
+            got = list(inspect.signature(getattr(cls, name)).parameters)
+            assert got == want, (cls.__name__, name, got, want)
+    assert issubclass(DeviceSelectSession, Session)
 
 
 def test_python_api_and_cli_share_task_names():
