@@ -146,7 +146,7 @@ def test_backends_keep_the_session_signature():
             want = list(inspect.signature(getattr(DeviceSelectSession, name)).parameters)
             got = list(inspect.signature(getattr(cls, name)).parameters)
             assert got == want, (cls.__name__, name, got, want)
-    assert issubclass(DeviceSelectSession, Session)
+    assert Session in DeviceSelectSession.__mro__
 
 
 def test_python_api_and_cli_share_task_names():
