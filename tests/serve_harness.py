@@ -67,8 +67,8 @@ class Daemon:
     """`edgeocr serve` on a Unix socket and loopback TCP (with an API key), metrics on, 1 ORT thread."""
 
     def __init__(self, art, tmp: Path, *extra: str, env: dict | None = None, tcp: str | None = None,
-                 notify_hook=None):
-        self.sock = tmp / "d.sock"
+                 notify_hook=None, sock: Path | None = None):
+        self.sock = sock or tmp / "d.sock"
         self.tmp = tmp
         keyfile = tmp / "key"
         keyfile.write_text(KEY + "\n")
@@ -107,7 +107,8 @@ class Daemon:
         raise AssertionError(f"not ready: {self.logtext()}")
 
     def logtext(self) -> str:
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return self.logpath.read_text()
 
     def alive(self) -> bool:
@@ -242,3 +243,15 @@ def error_of(body: bytes) -> dict:
     e = json.loads(body)["error"]
     assert set(e) == {"code", "type", "message"} and isinstance(e["code"], int) and e["message"], e
     return e
+
+
+def dechunk(body: bytes) -> bytes:
+    """The payload of a chunked transfer-encoded body."""
+    out, pos = b"", 0
+    while True:
+        eol = body.index(b"\r\n", pos)
+        n = int(body[pos:eol].split(b";")[0], 16)
+        if n == 0:
+            return out
+        out += body[eol + 2:eol + 2 + n]
+        pos = eol + 2 + n + 2

@@ -24,6 +24,7 @@ from edgeocr.serve import parsing
 from edgeocr.serve.engine import PageRequest
 from edgeocr.serve.errors import HTTPError
 from edgeocr.serve.jobs import DONE, ERROR, GONE, TOKEN, Job
+from edgeocr.serve.protocol import MAX_HEADER_BYTES
 
 log = logging.getLogger("edgeocr.serve")
 
@@ -64,6 +65,8 @@ class Exchange:
             if name in self.headers and name in SINGLE_HEADERS:
                 self.duplicate = name
             self.headers[name] = v.decode("latin-1")
+        self.head_bytes = len(scope.get("raw_path", b"")) + len(scope.get("query_string", b"")) + sum(
+            len(k) + len(v) + 4 for k, v in scope.get("headers", []))
         self.has_body = self.headers.get("content-length", "0") != "0" or "transfer-encoding" in self.headers
         self.body_read = False               # the whole body has been received
 
@@ -182,6 +185,9 @@ class App:
     async def _handle(self, rx: Exchange) -> None:
         path = rx.path
         known = path in GET_ROUTES or path in POST_ROUTES or path.startswith("/v1/models/")
+        if rx.head_bytes > MAX_HEADER_BYTES:
+            raise HTTPError(431, "headers_too_large", f"request line and headers are {rx.head_bytes} bytes; "
+                                                      f"the limit is {MAX_HEADER_BYTES}")
         if rx.duplicate:
             raise HTTPError(400, "invalid_request", f"header {rx.duplicate!r} given more than once")
         self._guard(rx, public=path in PUBLIC)

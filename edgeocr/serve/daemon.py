@@ -117,7 +117,11 @@ class Daemon:
 
     # ------------------------------------------------------------------ signals
     def _early_signal(self, signum, frame) -> None:
-        log.info("%s outside the serving loop: exiting now", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if self.worker.ident is not None and self.worker.phase in ("loading", "warming"):
+            log.info("%s while %s: exiting", name, "loading" if self.worker.phase == "loading" else "warming up")
+        else:
+            log.info("%s outside the serving loop: exiting now", name)
         self._exit_now()
 
     def _on_signal(self, sig: int) -> None:
