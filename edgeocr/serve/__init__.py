@@ -19,6 +19,13 @@ from edgeocr.serve.client import client_request  # noqa: F401
 
 def serve(cfg) -> int:
     """Run the daemon until SIGTERM/SIGINT/SIGHUP; returns the exit code."""
+    from edgeocr.errors import EdgeOCRError
+
+    try:
+        import prometheus_client  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise EdgeOCRError(f"the daemon needs {e.name}: pip install 'edgeocr[serve]'") from None
     from edgeocr.serve.daemon import run
 
     return run(cfg)
