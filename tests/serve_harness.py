@@ -79,7 +79,10 @@ class Daemon:
         e.update(env or {})
         self.logpath = tmp / f"daemon-{time.monotonic_ns()}.log"
         self.log = open(self.logpath, "w")
-        self.argv = [sys.executable, "-m", "edgeocr", "serve", str(art), "--socket", str(self.sock),
+        # EDGEOCR_TEST_DAEMON_PYTHON: run the daemon under another interpreter (e.g. the oldest supported
+        # Python with the oldest supported uvicorn), the tests themselves staying here
+        python = os.environ.get("EDGEOCR_TEST_DAEMON_PYTHON") or sys.executable
+        self.argv = [python, "-m", "edgeocr", "serve", str(art), "--socket", str(self.sock),
                      "--tcp", tcp or f"127.0.0.1:{self.port}", "--api-key-file", str(keyfile), "--metrics", "true",
                      "--threads", "1", *extra]
         self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=e)

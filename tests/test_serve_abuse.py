@@ -455,3 +455,24 @@ def test_rss_stays_bounded_over_the_whole_suite(hostile):
     rss = hostile.rss_mib()
     print(f"daemon RSS {rss:.0f} MiB after the abuse suite, {hostile.baseline_rss:.0f} MiB after one request")
     assert rss - hostile.baseline_rss < RSS_GROWTH_MIB
+
+
+def test_deadline_stops_generation_and_load_failure_exits_1(art_long, tmp_path):
+    (tmp_path / "deadline").mkdir()
+    d = Daemon(art_long, tmp_path / "deadline", "--deadline-s", "2", "--max-new-tokens", "6000")
+    try:
+        d.wait_ready()
+        t0 = time.monotonic()
+        code, body = post_json(d.unix, "/v1/ocr", dict(LONG, image=b64png(14)))
+        assert code == 504 and error_of(body)["type"] == "deadline_exceeded" and time.monotonic() - t0 < 4
+        assert wait_idle(d) < 1 and d.metric('edgeocr_cancelled_total{reason="deadline"}') == 1
+    finally:
+        d.stop()
+    (tmp_path / "broken").mkdir()
+    d = Daemon(tmp_path / "no-such-artifact", tmp_path / "broken")
+    try:
+        assert d.proc.wait(30) == 1
+        assert "cannot load" in d.logtext() and not d.sock.exists()
+        assert d.notify.seen("STATUS=failed to load") and not d.notify.seen("READY=1")
+    finally:
+        d.stop()
