@@ -73,13 +73,14 @@ def wait_idle(d: Daemon, timeout=20.0) -> float:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         r = ready(d)
-        if r.get("slots_busy") == 0 and r.get("queue_depth") == 0:
+        if r.get("in_engine") == 0 and r.get("queue_depth") == 0:
             return time.monotonic() - t0
         time.sleep(0.02)
     raise AssertionError(f"engine still busy after {timeout} s: {ready(d)}")
 
 
 def wait_busy(d: Daemon, timeout=20.0) -> None:
+    """Until a page is decoding in the slot (past image decoding, vision and prefill)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if ready(d).get("slots_busy") == 1:

@@ -138,7 +138,7 @@ def test_soak_mixed_clients_lose_nothing(art_a, tmp_path):
         ocr_200 = sum(1 for k, s, _, _ in results if s == 200 and k in ("json", "multipart", "ndjson"))
         chat_200 = served - ocr_200
         end = time.monotonic() + 30
-        while json.loads(_connection_get(d, "/health/ready")).get("slots_busy") and time.monotonic() < end:
+        while json.loads(_connection_get(d, "/health/ready")).get("in_engine") and time.monotonic() < end:
             time.sleep(0.05)
         assert d.metric('edgeocr_requests_total{endpoint="/v1/ocr",status="200"}') == ocr_200
         assert d.metric('edgeocr_requests_total{endpoint="/v1/chat/completions",status="200"}') == chat_200

@@ -50,7 +50,7 @@ class Daemon:
         self.api_key = _read_key(cfg.api_key_file) if cfg.api_key_file else None
         self.allowed_hosts = {h.strip().lower() for h in cfg.allowed_hosts.split(",") if h.strip()}
         self.admission = Admission(cfg.queue_size)
-        self.metrics = Metrics(ENDPOINTS, self.admission.depth, lambda: self.admission.running)
+        self.metrics = Metrics(ENDPOINTS, self.admission.depth, lambda: len(self.worker.running))
         self.worker = EngineWorker(cfg, self.admission, self.notifier, self.metrics)
         self.started_at = time.time()
         self.listeners: list[socket.socket] = []

@@ -23,7 +23,7 @@ class Metrics:
         self._latency = Histogram("edgeocr_request_seconds", "Request latency, seconds (OCR endpoints).",
                                   buckets=LATENCY_BUCKETS, registry=r)
         Gauge("edgeocr_queue_depth", "Requests waiting for the engine.", registry=r).set_function(queue_depth)
-        Gauge("edgeocr_slots_busy", "Pages being decoded now.", registry=r).set_function(slots_busy)
+        Gauge("edgeocr_slots_busy", "Scheduler slots decoding a page now.", registry=r).set_function(slots_busy)
         self._generated = Counter("edgeocr_generated_tokens", "Tokens generated.", registry=r)
         self._prompt = Counter("edgeocr_prompt_tokens", "Prompt tokens processed.", registry=r)
         self._cancelled = Counter("edgeocr_cancelled", "Jobs stopped before their end, by reason.", ["reason"],
