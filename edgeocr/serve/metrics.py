@@ -12,9 +12,11 @@ CONNECTION_REFUSALS = ("too_many_connections", "header_timeout", "malformed", "s
 
 class Metrics:
     def __init__(self, endpoints: tuple[str, ...], queue_depth: Callable[[], int], slots_busy: Callable[[], int]):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+        import prometheus_client
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-        disable_created_metrics()        # no *_created series: the process start time says as much
+        if hasattr(prometheus_client, "disable_created_metrics"):     # prometheus_client >= 0.18
+            prometheus_client.disable_created_metrics()   # no *_created series: the process start time says as much
 
         self.endpoints = frozenset(endpoints)
         self.registry = r = CollectorRegistry(auto_describe=True)
