@@ -281,7 +281,8 @@ class EngineWorker(threading.Thread):
             now = time.monotonic()
             if now > job.deadline:
                 self.admission.leave()
-                job.post(ERROR, HTTPError(504, "deadline_exceeded", "the request waited past its deadline in the queue"))
+                job.post(ERROR, HTTPError(504, "deadline_exceeded",
+                                          "the request waited past its deadline in the queue"))
                 self._count_cancel("deadline")
                 continue
             job.started = now

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from edgeocr.serve.errors import HTTPError, unavailable
+from edgeocr.serve.errors import unavailable
 
 # items a job's event queue carries to its handler (engine thread -> event loop)
 TOKEN = "token"        # ("token", token_id, text_delta)
