@@ -133,7 +133,7 @@ def test_soak_mixed_clients_lose_nothing(art_a, tmp_path):
         assert statuses["skipped"] == 0, f"the soak ran past its {BUDGET_S} s budget: {dict(statuses)}"
         assert statuses["reset"] == 0, outcome
         served = sum(1 for k, s, _, _ in results if s == 200)
-        assert served >= 20 and statuses[503] >= 1, dict(statuses)
+        assert served >= 15 and statuses[503] >= 1, dict(statuses)
         # the daemon's own count of 200s equals the clients' complete 200s: nothing accepted was lost
         ocr_200 = sum(1 for k, s, _, _ in results if s == 200 and k in ("json", "multipart", "ndjson"))
         chat_200 = served - ocr_200
