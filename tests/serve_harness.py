@@ -23,6 +23,12 @@ from conftest import make_image
 from edgeocr.serve import client_request
 
 KEY = "s3cret-key"
+STARTED: list["Daemon"] = []      # every daemon a test started, so a failing test leaves none running
+
+
+def stop_leftovers() -> None:
+    while STARTED:
+        STARTED.pop().stop()
 
 
 class NotifyListener:
@@ -86,6 +92,7 @@ class Daemon:
                      "--tcp", tcp or f"127.0.0.1:{self.port}", "--api-key-file", str(keyfile), "--metrics", "true",
                      "--threads", "1", *extra]
         self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, env=e)
+        STARTED.append(self)
         self.unix = f"unix:{self.sock}"
         self.tcp = f"http://127.0.0.1:{self.port}"
 
@@ -128,6 +135,8 @@ class Daemon:
         self.proc.send_signal(sig)
 
     def stop(self):
+        if self in STARTED:
+            STARTED.remove(self)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -136,7 +145,8 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait(10)
         self.notify.stop = True
-        self.log.close()
+        if not self.log.closed:
+            self.log.close()
 
     def metric(self, name: str) -> float:
         """The value of one metric line (name with labels, as printed) from /metrics."""

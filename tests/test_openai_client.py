@@ -5,7 +5,16 @@ from __future__ import annotations
 import openai  # the dev extra installs it
 import pytest
 
-from serve_harness import KEY, Daemon, b64png
+from serve_harness import KEY, STARTED, Daemon, b64png
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_left_behind():
+    """Module-scoped daemons stay; any daemon a test started itself is stopped even when the test fails."""
+    before = list(STARTED)
+    yield
+    for d in [d for d in STARTED if d not in before]:
+        d.stop()
 
 
 @pytest.fixture(scope="module")

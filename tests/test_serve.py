@@ -19,11 +19,20 @@ import pytest
 
 from conftest import make_image
 from edgeocr.serve import client_request
-from serve_harness import (Daemon, auth, b64png, error_of, free_port, multipart, parse_reply, pixel_bomb, png,
+from serve_harness import (STARTED, Daemon, auth, b64png, error_of, free_port, multipart, parse_reply, pixel_bomb, png,
                            post_json)
 from serve_harness import raw as raw_send
 
 _png, _multipart, _auth, _pixel_bomb = png, multipart, auth, pixel_bomb
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_left_behind():
+    """Module-scoped daemons stay; any daemon a test started itself is stopped even when the test fails."""
+    before = list(STARTED)
+    yield
+    for d in [d for d in STARTED if d not in before]:
+        d.stop()
 
 
 @pytest.fixture(scope="module")

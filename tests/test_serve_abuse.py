@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from edgeocr.serve import client_request
-from serve_harness import (Daemon, auth, b64png, big_flat_png, dechunk, error_of, free_port, parse_reply,
+from serve_harness import (STARTED, Daemon, auth, b64png, big_flat_png, dechunk, error_of, free_port, parse_reply,
                            pixel_bomb, post_json, raw)
 
 RSS_GROWTH_MIB = 256          # RSS after any attack stays within this of the RSS after one served request
@@ -30,6 +30,15 @@ LONG = {"prompt": "x", "max_new_tokens": 6000}      # seconds of decoding on the
 HOSTILE_FLAGS = ("--queue-size", "2", "--max-body-bytes", str(MAX_BODY), "--header-timeout-s", "1",
                  "--body-timeout-s", "1.5", "--send-timeout-s", "1.5", "--keep-alive-s", "2",
                  "--max-connections", "48", "--max-new-tokens", "6000", "--deadline-s", "60", "--drain-s", "5")
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_left_behind():
+    """Module-scoped daemons stay; any daemon a test started itself is stopped even when the test fails."""
+    before = list(STARTED)
+    yield
+    for d in [d for d in STARTED if d not in before]:
+        d.stop()
 
 
 @pytest.fixture(scope="module")

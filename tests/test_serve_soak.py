@@ -13,8 +13,10 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from edgeocr.serve.client import _connection
-from serve_harness import Daemon, auth, b64png, error_of, multipart, pixel_bomb, png
+from serve_harness import STARTED, Daemon, auth, b64png, error_of, multipart, pixel_bomb, png
 
 SOAK_REQUESTS = 520
 CLIENTS = 16
@@ -23,6 +25,15 @@ BUDGET_S = 150.0               # the soak's wall-clock bound
 KINDS = ["json", "multipart", "ndjson", "chat", "sse", "bad_base64", "bad_json", "unknown_field", "pixel_bomb",
          "wrong_type", "too_large", "leave", "no_route", "no_key"]
 VALID = {"json", "multipart", "ndjson", "chat", "sse"}
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_left_behind():
+    """Module-scoped daemons stay; any daemon a test started itself is stopped even when the test fails."""
+    before = list(STARTED)
+    yield
+    for d in [d for d in STARTED if d not in before]:
+        d.stop()
 
 
 def _request(d: Daemon, kind: str, i: int, img: str, raw_png: bytes):
