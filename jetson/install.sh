@@ -70,7 +70,7 @@ case "$platform" in
     ;;
   *) echo "unknown platform $platform (jetson or x86)" >&2; exit 2 ;;
 esac
-"$PREFIX/venv/bin/pip" install -q "$SRC"
+"$PREFIX/venv/bin/pip" install -q "$SRC[serve]"
 
 install -d -m 0755 /etc/edgeocr
 [ -f /etc/edgeocr/edgeocr.conf ] || install -m 0644 "$SRC/jetson/edgeocr.conf" /etc/edgeocr/edgeocr.conf

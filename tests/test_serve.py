@@ -1,144 +1,45 @@
-"""The real daemon, started as a subprocess on a tiny artifact (Unix socket and loopback TCP)."""
+"""The real daemon, started as a subprocess on a tiny artifact (Unix socket and loopback TCP, IPv4 and
+IPv6): endpoints, formats, limits, queue, drain, settings, the page; plus the engine seam and the
+request parsers as units."""
 
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import threading
 import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from conftest import make_image
 from edgeocr.serve import client_request
+from serve_harness import (STARTED, Daemon, auth, b64png, error_of, free_port, multipart, parse_reply, pixel_bomb, png,
+                           post_json)
+from serve_harness import raw as raw_send
 
-KEY = "s3cret-key"
-
-
-class NotifyListener:
-    """A DGRAM socket standing in for systemd's NOTIFY_SOCKET."""
-
-    def __init__(self, path: Path):
-        self.path = str(path)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.path)
-        self.sock.settimeout(0.2)
-        self.messages: list[tuple[float, str]] = []
-        self.stop = False
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def _loop(self):
-        while not self.stop:
-            try:
-                self.messages.append((time.monotonic(), self.sock.recv(4096).decode()))
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-
-    def seen(self, text: str) -> float | None:
-        return next((t for t, m in self.messages if m == text or m.startswith(text)), None)
+_png, _multipart, _auth, _pixel_bomb = png, multipart, auth, pixel_bomb
 
 
-class Daemon:
-    def __init__(self, art, tmp: Path, *extra: str, env: dict | None = None):
-        self.sock = tmp / "d.sock"
-        self.tmp = tmp
-        keyfile = tmp / "key"
-        keyfile.write_text(KEY + "\n")
-        self.port = _free_port()
-        self.notify = NotifyListener(tmp / "notify.sock")
-        e = dict(os.environ, NOTIFY_SOCKET=self.notify.path, WATCHDOG_USEC="1000000", PYTHONUNBUFFERED="1")
-        e.update(env or {})
-        self.log = open(tmp / "daemon.log", "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edgeocr", "serve", str(art), "--socket", str(self.sock),
-             "--tcp", f"127.0.0.1:{self.port}", "--api-key-file", str(keyfile), "--metrics", "true", *extra],
-            stdout=self.log, stderr=subprocess.STDOUT, env=e)
-        self.unix = f"unix:{self.sock}"
-        self.tcp = f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout=60.0) -> list[int]:
-        """Poll readiness from the moment the socket answers; returns the statuses seen."""
-        seen, end = [], time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited: {self.logtext()}")
-            try:
-                code, _ = client_request(self.unix, "GET", "/health/ready", timeout=5)
-                seen.append(code)
-                if code == 200:
-                    return seen
-            except OSError:
-                pass
-            time.sleep(0.01)
-        raise AssertionError(f"not ready: {self.logtext()}")
-
-    def logtext(self) -> str:
-        self.log.flush()
-        return (self.tmp / "daemon.log").read_text()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.notify.stop = True
-        self.log.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _png(seed=0, size=(300, 400)) -> bytes:
-    b = io.BytesIO()
-    Image.fromarray(make_image(seed, size)).save(b, "PNG")
-    return b.getvalue()
-
-
-def _multipart(fields: dict, image: bytes, name="image") -> tuple[bytes, str]:
-    boundary = "----edgeocrtest"
-    out = b""
-    for k, v in fields.items():
-        out += f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
-    out += (f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="x.png"\r\n'
-            f"Content-Type: image/png\r\n\r\n").encode() + image + b"\r\n" + f"--{boundary}--\r\n".encode()
-    return out, f"multipart/form-data; boundary={boundary}"
-
-
-def _auth(extra=None):
-    h = {"Authorization": f"Bearer {KEY}", "Host": "127.0.0.1"}
-    h.update(extra or {})
-    return h
-
-
-def post_json(addr, path, obj, headers=None):
-    h = {"Content-Type": "application/json"}
-    h.update(headers or {})
-    code, body = client_request(addr, "POST", path, json.dumps(obj).encode(), h)
-    return code, body
+@pytest.fixture(autouse=True)
+def _no_daemon_left_behind():
+    """Module-scoped daemons stay; any daemon a test started itself is stopped even when the test fails."""
+    before = list(STARTED)
+    yield
+    for d in [d for d in STARTED if d not in before]:
+        d.stop()
 
 
 @pytest.fixture(scope="module")
 def daemon(art_a, tmp_path_factory):
-    d = Daemon(art_a, tmp_path_factory.mktemp("daemon"))
+    port = free_port()
+    d = Daemon(art_a, tmp_path_factory.mktemp("daemon"), tcp=f"127.0.0.1:{port},[::1]:{port}")
+    d.port, d.tcp = port, f"http://127.0.0.1:{port}"
     statuses = d.wait_ready()
     d.ready_statuses = statuses
     yield d
@@ -201,18 +102,6 @@ def test_streaming_ndjson_and_openai(daemon):
     assert chunks[0]["object"] == "chat.completion.chunk" and chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
-def _pixel_bomb() -> bytes:
-    """A tiny PNG whose header claims 30000 x 30000 pixels."""
-    b = io.BytesIO()
-    Image.new("RGB", (8, 8), "white").save(b, "PNG")
-    png = bytearray(b.getvalue())
-    ihdr = png.index(b"IHDR")
-    png[ihdr + 4:ihdr + 12] = struct.pack(">II", 30000, 30000)
-    crc = zlib.crc32(bytes(png[ihdr:ihdr + 17]))
-    png[ihdr + 17:ihdr + 21] = struct.pack(">I", crc)
-    return bytes(png)
-
-
 def test_malformed_inputs_get_the_right_status_and_daemon_keeps_serving(daemon):
     good = _png(3)
     b64 = base64.b64encode(good).decode()
@@ -244,8 +133,8 @@ def test_malformed_inputs_get_the_right_status_and_daemon_keeps_serving(daemon):
         resp = b""
         while chunk := s.recv(65536):
             resp += chunk
-    head, _, body = resp.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.0 413") and json.loads(body)["error"]["type"] == "payload_too_large"
+    status, headers, body = parse_reply(resp)
+    assert status == 413 and error_of(body)["type"] == "payload_too_large" and headers["connection"] == "close"
     code, raw = client_request(daemon.unix, "POST", "/v1/ocr", b"abc", {"Content-Type": "text/plain"})
     assert code == 415
     body, ctype = _multipart({"task": "spotting"}, good, name="file")
@@ -350,7 +239,8 @@ def test_second_signal_exits_at_once(art_a, tmp_path):
         time.sleep(0.2)
         t0 = time.monotonic()
         d.proc.send_signal(signal.SIGTERM)
-        assert d.proc.wait(10) == 130 and time.monotonic() - t0 < 5
+        assert d.proc.wait(10) == 0 and time.monotonic() - t0 < 5
+    assert "SIGTERM again: exiting now" in d.logtext()
     d.stop()
 
 
@@ -405,3 +295,169 @@ def test_page_works_in_headless_chromium(art_a, tmp_path):
         assert code == 200 and b"<canvas" in raw
     finally:
         d.stop()
+
+
+def test_ipv6_loopback_models_openapi_and_security_headers(daemon):
+    import http.client
+    conn = http.client.HTTPConnection("::1", daemon.port, timeout=60)
+    conn.request("POST", "/v1/ocr", json.dumps({"image": b64png(9), "max_new_tokens": 2}).encode(),
+                 auth({"Host": f"[::1]:{daemon.port}", "Content-Type": "application/json"}))
+    resp = conn.getresponse()
+    assert resp.status == 200 and json.loads(resp.read())["generated_tokens"] == 2
+    conn.close()
+    code, raw = client_request(daemon.tcp, "GET", "/v1/models", headers=auth())
+    models = json.loads(raw)
+    assert code == 200 and models["object"] == "list" and models["data"][0]["id"] == "hunyuanocr"
+    assert models["data"][0]["object"] == "model" and isinstance(models["data"][0]["created"], int)
+    code, raw = client_request(daemon.tcp, "GET", "/v1/models/hunyuanocr", headers=auth())
+    assert code == 200 and json.loads(raw)["id"] == "hunyuanocr"
+    code, raw = client_request(daemon.tcp, "GET", "/v1/models/gpt-9", headers=auth())
+    assert code == 404 and error_of(raw)["type"] == "model_not_found"
+    code, raw = client_request(daemon.tcp, "GET", "/v1/models", headers={"Host": "127.0.0.1"})
+    assert code == 401
+    code, raw = client_request(daemon.unix, "GET", "/openapi.json")
+    spec = json.loads(raw)
+    assert code == 200 and spec["openapi"].startswith("3.") and "/v1/ocr" in spec["paths"]
+    resp = raw_send(str(daemon.sock), b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+    status, headers, body = parse_reply(resp)
+    csp = headers["content-security-policy"]
+    assert status == 200 and b"<canvas" in body and resp
+    assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp and "'unsafe-inline'" not in csp
+    assert headers["x-content-type-options"] == "nosniff" and headers["referrer-policy"] == "no-referrer"
+    assert headers["x-frame-options"] == "DENY"
+    # a cross-origin browser request is refused on TCP
+    code, raw = post_json(daemon.tcp, "/v1/ocr", {"image": b64png(9)}, auth({"Origin": "http://evil.example"}))
+    assert code == 403 and error_of(raw)["type"] == "forbidden_origin"
+    # wrong method: JSON 405 with Allow
+    code, raw = client_request(daemon.unix, "GET", "/v1/ocr")
+    assert code == 405 and error_of(raw)["type"] == "method_not_allowed"
+
+
+def test_single_slot_scheduler_matches_recognize_and_cancels(art_a):
+    """The engine seam on the real model: same tokens as recognize(); cancel frees the slot at once."""
+    from edgeocr.decode import DecodeOptions
+    from edgeocr.model import OCRModel
+    from edgeocr.serve.engine import NO_TOKEN, PageRequest, SingleSlotScheduler
+
+    model = OCRModel(art_a, threads=1)
+    img = make_image(11, (300, 400))
+    want = model.recognize(img, task="spotting", options=DecodeOptions(max_new_tokens=12))
+    sched = SingleSlotScheduler(model)
+    assert (sched.slots, sched.free(), sched.live()) == (1, 1, 0)
+    tag = object()
+    sched.admit(PageRequest(img, "spotting", None, "zh", DecodeOptions(max_new_tokens=12)), tag)
+    assert (sched.free(), sched.live()) == (0, 1)
+    with pytest.raises(RuntimeError):
+        sched.admit(PageRequest(img, "spotting", None, "zh", DecodeOptions()), object())
+    tokens, text, result = [], "", None
+    for _ in range(100):
+        for ev in sched.step():
+            assert ev.tag is tag
+            if ev.token_id != NO_TOKEN:
+                tokens.append(ev.token_id)
+                text += ev.text_delta
+            result = ev.result or result
+        if result:
+            break
+    assert tokens == want.token_ids and result.token_ids == want.token_ids and result.finish_reason == "length"
+    assert sched.free() == 1 and sched.step() == []
+    # cancel after a few tokens: the slot is free when cancel returns, the result says cancelled
+    sched.admit(PageRequest(img, None, "x", "zh", DecodeOptions(max_new_tokens=400)), tag)
+    for _ in range(5):
+        sched.step()
+    r = sched.cancel(tag)
+    assert r.finish_reason == "cancelled" and 5 <= r.generated_tokens <= 6 and sched.free() == 1
+    assert sched.cancel(tag) is None
+    # bad input is refused at admission, the slot stays free
+    from edgeocr.errors import ImageError
+    with pytest.raises(ImageError):
+        sched.admit(PageRequest(b"not an image", None, "x", "zh", DecodeOptions()), tag)
+    assert sched.free() == 1
+
+
+def test_parsers_refuse_hostile_bodies():
+    """Every malformed field is a 400 (or 413) HTTPError naming it; never another exception."""
+    from edgeocr.serve.config import ServerConfig
+    from edgeocr.serve.errors import HTTPError
+    from edgeocr.serve.parsing import chat_params, ocr_from_json, ocr_from_multipart
+
+    cfg = ServerConfig(artifact="x", max_new_tokens=100, default_max_new_tokens=50)
+    img = b64png(1, (140, 160))
+    uri = "data:image/png;base64," + img
+    good = ocr_from_json(json.dumps({"image": img, "task": "spotting", "max_new_tokens": 7}).encode(), cfg)
+    assert (good.task, good.max_new_tokens, good.image_size, good.stream) == ("spotting", 7, (160, 140), False)
+    bodies = [b"[" * 100000 + b"]" * 100000, b'{"image": ' + b"9" * 5000 + b"}", b"\xff\xfe{", b"", b"[]", b"5",
+              b'{"image": "x", "image": 5}', b'{"image": NaN}']
+    for body in bodies:
+        with pytest.raises(HTTPError) as e:
+            ocr_from_json(body, cfg)
+        assert e.value.status == 400, body[:40]
+    fields = [{"task": ["spotting"]}, {"task": "poetry"}, {"prompt": 5}, {"prompt": "   "}, {"prompt": "\ud800"},
+              {"lang": "fr"}, {"lang": None}, {"max_new_tokens": "5"}, {"max_new_tokens": 5.0},
+              {"max_new_tokens": True}, {"max_new_tokens": 0}, {"max_new_tokens": 101}, {"max_new_tokens": 10 ** 40},
+              {"stream": "yes"}, {"stream": 1}, {"image": 5}, {"image": ["a"]}, {"image": ""}, {"image": "%%%"},
+              {"image": "data:image/png,abc"}, {"image": "https://example.com/a.png"},
+              {"image": base64.b64encode(b"GIF89a").decode()}, {"task": "spotting", "prompt": "x"}, {"extra": 1}]
+    for f in fields:
+        body = json.dumps(dict({"image": img}, **f)).encode()
+        with pytest.raises(HTTPError) as e:
+            ocr_from_json(body, cfg)
+        assert e.value.status == 400 and e.value.message, f
+    with pytest.raises(HTTPError) as e:
+        ocr_from_json(json.dumps({"image": base64.b64encode(pixel_bomb(9000, 9000)).decode()}).encode(), cfg)
+    assert e.value.status == 413
+    chats = [{"messages": []}, {"messages": "hi"}, {"messages": [5]}, {"messages": [{"role": 5, "content": "x"}]},
+             {"messages": [{"role": "user", "content": 5}]}, {"messages": [{"role": "user", "content": [5]}]},
+             {"messages": [{"role": "user", "content": [{"type": "audio"}]}]},
+             {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
+             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": 5}}]}]},
+             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}}] * 2}]},
+             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}}]}],
+              "max_tokens": "9"},
+             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}}]}], "n": 2},
+             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}}]}],
+              "model": ["x"]},
+             {"messages": [{"role": "user", "content": "no image here"}]}]
+    for c in chats:
+        with pytest.raises(HTTPError) as e:
+            chat_params(json.dumps(c).encode(), cfg)
+        assert e.value.status == 400, c
+    ok = chat_params(json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": uri}}, {"type": "text", "text": "Read."}]}],
+        "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}).encode(), cfg)
+    assert (ok.prompt, ok.task, ok.max_new_tokens, ok.stream, ok.include_usage) == ("Read.", None, 5, True, True)
+    body, ctype = multipart({"task": "spotting", "max_new_tokens": "3"}, png(1, (140, 160)))
+    mp = ocr_from_multipart(body, ctype, cfg)
+    assert (mp.task, mp.max_new_tokens) == ("spotting", 3)
+    for bad_body, bad_ctype in [(body, "multipart/form-data"), (body[:-20], ctype), (b"--x\r\n", ctype),
+                                (body, "multipart/form-data; boundary=other"),
+                                (multipart({"max_new_tokens": "-1"}, png(1))[0], ctype),
+                                (multipart({"max_new_tokens": "9" * 50}, png(1))[0], ctype),
+                                (multipart({"stream": "maybe"}, png(1))[0], ctype),
+                                (multipart({"colour": "red"}, png(1))[0], ctype)]:
+        with pytest.raises(HTTPError) as e:
+            ocr_from_multipart(bad_body, bad_ctype, cfg)
+        assert e.value.status == 400
+
+
+def test_config_refuses_bad_settings(tmp_path):
+    import argparse
+
+    from edgeocr.serve_config import ConfigError, add_arguments, resolve
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    for argv, msg in [(["a", "--queue-size", "0"], "queue_size"), (["a", "--body-timeout-s", "0"], "body_timeout_s"),
+                      (["a", "--header-timeout-s", "nan"], "bad value"), (["a", "--device", "tpu"], "device"),
+                      (["a", "--log-level", "loud"], "log_level"), (["a", "--max-connections", "-1"], "max_connections"),
+                      (["a", "--default-max-new-tokens", "99", "--max-new-tokens", "10"], "default_max_new_tokens")]:
+        with pytest.raises(ConfigError, match=msg):
+            resolve(ap.parse_args(argv), {})
+    cfg = resolve(ap.parse_args(["a"]), {"EDGEOCR_HEADER_TIMEOUT_S": "3.5", "EDGEOCR_BACKLOG": "64"})
+    assert (cfg.header_timeout_s, cfg.backlog) == (3.5, 64)
+    from edgeocr.errors import EdgeOCRError
+    from edgeocr.serve.daemon import parse_tcp
+    assert parse_tcp("127.0.0.1:80,[::1]:81") == [(socket.AF_INET, "127.0.0.1", 80), (socket.AF_INET6, "::1", 81)]
+    assert len(parse_tcp("localhost:0")) == 2
+    for bad in ("0.0.0.0:80", "[::]:80", "10.1.2.3:80", "example.com:80", "127.0.0.1", "127.0.0.1:99999"):
+        with pytest.raises(EdgeOCRError):
+            parse_tcp(bad)
