@@ -44,7 +44,6 @@ class _Page:
     """A page holding a slot."""
 
     tag: object
-    request: PageRequest
     seq: Sequence
     prep: object                      # edgeocr.model.Prepared
     task: str | None
@@ -87,7 +86,9 @@ class SlotScheduler:
     def admit(self, request: PageRequest, tag) -> None:
         """Preprocess, encode and prefill `request` into a free slot.  Raises EdgeOCRError subclasses on bad
         input (nothing is admitted then).  Its first token is reported by the next step()."""
-        slot = self.pages.index(None)                      # ValueError when full: a caller bug
+        if None not in self.pages:
+            raise RuntimeError("admit() with no free slot")
+        slot = self.pages.index(None)
         m = self.model
         t_start = time.perf_counter()
         request.options.validate()
@@ -103,7 +104,7 @@ class SlotScheduler:
                        stop_ids=frozenset() if opts.ignore_stop else frozenset(m.stop_ids),
                        penalty=opts.repetition_penalty or m.artifact.repetition_penalty)
         tok = decode.prefill(self.session, slot, seq, cos, sin)
-        page = _Page(tag, request, seq, prep, task, vision_ms, t_start, t_first=time.perf_counter())
+        page = _Page(tag, seq, prep, task, vision_ms, t_start, t_first=time.perf_counter())
         self.pages[slot] = page
         self._emit(slot, page, tok, self._pending)
 

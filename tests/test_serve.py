@@ -333,16 +333,16 @@ def test_ipv6_loopback_models_openapi_and_security_headers(daemon):
     assert code == 405 and error_of(raw)["type"] == "method_not_allowed"
 
 
-def test_single_slot_scheduler_matches_recognize_and_cancels(art_a):
+def test_engine_scheduler_matches_recognize_and_cancels(art_a):
     """The engine seam on the real model: same tokens as recognize(); cancel frees the slot at once."""
+    from edgeocr.batch import PageRequest, SlotScheduler
     from edgeocr.decode import DecodeOptions
     from edgeocr.model import OCRModel
-    from edgeocr.serve.engine import NO_TOKEN, PageRequest, SingleSlotScheduler
 
     model = OCRModel(art_a, threads=1)
     img = make_image(11, (300, 400))
     want = model.recognize(img, task="spotting", options=DecodeOptions(max_new_tokens=12))
-    sched = SingleSlotScheduler(model)
+    sched = SlotScheduler(model, deltas=True)
     assert (sched.slots, sched.free(), sched.live()) == (1, 1, 0)
     tag = object()
     sched.admit(PageRequest(img, "spotting", None, "zh", DecodeOptions(max_new_tokens=12)), tag)
@@ -353,9 +353,8 @@ def test_single_slot_scheduler_matches_recognize_and_cancels(art_a):
     for _ in range(100):
         for ev in sched.step():
             assert ev.tag is tag
-            if ev.token_id != NO_TOKEN:
-                tokens.append(ev.token_id)
-                text += ev.text_delta
+            tokens.append(ev.token_id)
+            text += ev.text_delta
             result = ev.result or result
         if result:
             break
@@ -461,3 +460,49 @@ def test_config_refuses_bad_settings(tmp_path):
     for bad in ("0.0.0.0:80", "[::]:80", "10.1.2.3:80", "example.com:80", "127.0.0.1", "127.0.0.1:99999"):
         with pytest.raises(EdgeOCRError):
             parse_tcp(bad)
+
+
+def test_slot_artifact_serves_requests_at_once(ckpt_a, tmp_path):
+    """A 3-slot artifact: three requests decode at the same time (slots_busy reaches 3, a fourth waits in
+    the queue), each reply equals that page decoded alone, one of them streamed."""
+    from conftest import _export
+    from edgeocr.decode import DecodeOptions
+    from edgeocr.model import OCRModel
+    art = _export(ckpt_a, tmp_path / "s3", slots=3, attention="gqa", select_on_device=True)
+    pages = [make_image(60 + i, (300, 400)) for i in range(4)]
+    alone = OCRModel(art, threads=1)
+    want = [alone.recognize(p, prompt="x", options=DecodeOptions(max_new_tokens=150)).text for p in pages]
+    d = Daemon(art, tmp_path)
+    try:
+        d.wait_ready()
+        info = json.loads(client_request(d.unix, "GET", "/v1/info")[1])
+        assert info["slots"] == 3
+        bodies = [{"image": base64.b64encode(_png_of(p)).decode(), "max_new_tokens": 150, "prompt": "x"}
+                  for p in pages]
+        busy = []
+
+        def watch():
+            end = time.monotonic() + 60
+            while time.monotonic() < end and max(busy, default=0) < 3:
+                r = json.loads(client_request(d.unix, "GET", "/health/ready")[1])
+                busy.append(r.get("slots_busy", 0))
+
+        with ThreadPoolExecutor(5) as ex:
+            w = ex.submit(watch)
+            futs = [ex.submit(post_json, d.unix, "/v1/ocr", b) for b in bodies]
+            results = [f.result() for f in futs]
+            w.result()
+        assert max(busy) == 3, busy
+        assert [c for c, _ in results] == [200] * 4
+        assert [json.loads(raw)["text"] for _, raw in results] == want
+    finally:
+        d.stop()
+
+
+def _png_of(img) -> bytes:
+    import io
+
+    from PIL import Image
+    b = io.BytesIO()
+    Image.fromarray(img).save(b, "PNG")
+    return b.getvalue()

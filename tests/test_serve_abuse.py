@@ -45,7 +45,7 @@ def _no_daemon_left_behind():
 def art_long(ckpt_a, tmp_path_factory):
     from quantize.export import ExportOptions, export
     out = tmp_path_factory.mktemp("art-long") / "tiny-a-8k"
-    export(ckpt_a, out, ExportOptions(max_cache_len=8192, max_prefill_len=1400))
+    export(ckpt_a, out, ExportOptions(cache_len=8192, prefill_len=1400))
     return out
 
 

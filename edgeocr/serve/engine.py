@@ -1,24 +1,22 @@
 """The engine thread: the only code that touches the model.
 
-The worker drives a `Scheduler` (pages decoded `slots` at a time): it admits queued jobs while slots
-are free, runs one decode step for every live slot, routes each token to its job, and cancels a job
-between two steps when its client has left or its deadline has passed.  `SingleSlotScheduler` is the
-scheduler for today's one-page artifacts, over `OCRModel.stream`.
+The worker drives edgeocr.batch.SlotScheduler (pages decoded `slots` at a time, the artifact's slot count):
+it admits queued jobs while slots are free, runs one decode step for every live slot, routes each token to
+its job, and cancels a job between two steps when its client has left or its deadline has passed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import hashlib
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from edgeocr import __version__, prompts
+from edgeocr.batch import PageRequest, SlotEvent, SlotScheduler
 from edgeocr.decode import DecodeOptions
 from edgeocr.errors import EdgeOCRError, ImageError, ImageTooLarge, PromptError
 from edgeocr.serve.errors import HTTPError, unavailable
@@ -26,29 +24,10 @@ from edgeocr.serve.jobs import DONE, ERROR, TOKEN, Admission, Job
 
 log = logging.getLogger("edgeocr.serve")
 
-NO_TOKEN = -1                       # SlotEvent.token_id of an event that only carries the finished result
-
-
-@dataclass(frozen=True)
-class PageRequest:
-    """What a job asks the model for."""
-
-    image: object                   # path | bytes | numpy array | PIL image
-    task: str | None                # official task key, or None with a custom prompt
-    prompt: str | None              # custom instruction instead of a task
-    lang: str                       # prompt language for a task: zh | en
-    options: DecodeOptions          # max_new_tokens and the rest of the decoding contract
-
-
-@dataclass
-class SlotEvent:
-    tag: object                     # the caller's job object passed to admit()
-    token_id: int                   # generated id; NO_TOKEN on a result-only event
-    text_delta: str                 # "" while an incomplete UTF-8 sequence is held back
-    result: object | None           # OCRResult on the job's last event (stop/length/cache_full/repetition/cancelled)
-
 
 class Scheduler(Protocol):
+    """What the worker drives: edgeocr.batch.SlotScheduler (pages decoded `slots` at a time)."""
+
     slots: int                                            # pages decoded at once
 
     def free(self) -> int: ...                            # slots free now
@@ -63,87 +42,18 @@ class Scheduler(Protocol):
     def live(self) -> int: ...                            # slots in use
 
 
-class SingleSlotScheduler:
-    """One page at a time over `OCRModel.stream`: admit starts the generator and takes its first token
-    (preprocess, vision, prefill); each step advances it one token.  When the generator is exhausted the
-    slot's last event carries the result (token_id NO_TOKEN)."""
-
-    slots = 1
-
-    def __init__(self, model):
-        self.model = model
-        self._tag = None            # the live job's tag, None when the slot is free
-        self._gen = None            # OCRModel.stream generator of the live job
-        self._first = None          # (token, delta) produced by admit, handed out by the next step
-        self._stop = False          # read by the generator's stop_check: True ends it as 'cancelled'
-
-    def free(self) -> int:
-        return 0 if self._tag is not None else 1
-
-    def live(self) -> int:
-        return 1 - self.free()
-
-    def admit(self, request: PageRequest, tag) -> None:
-        if self._tag is not None:
-            raise RuntimeError("admit() with no free slot")
-        self._stop = False
-        gen = self.model.stream(request.image, request.task, request.prompt, request.lang, request.options,
-                                stop_check=lambda: self._stop)
-        try:
-            self._first = next(gen)
-        except BaseException:
-            gen.close()
-            raise
-        self._tag, self._gen = tag, gen
-
-    def step(self) -> list[SlotEvent]:
-        if self._tag is None:
-            return []
-        if self._first is not None:
-            (tok, delta), self._first = self._first, None
-            return [SlotEvent(self._tag, tok, delta, None)]
-        try:
-            tok, delta = next(self._gen)
-        except StopIteration:
-            ev = SlotEvent(self._tag, NO_TOKEN, "", self.model.last_result)
-            self._reset()
-            return [ev]
-        except BaseException:
-            self._reset()
-            raise
-        return [SlotEvent(self._tag, tok, delta, None)]
-
-    def cancel(self, tag):
-        if tag is None or tag is not self._tag:
-            return None
-        self._stop = True            # the generator ends at its next token (at most one decode step)
-        result = None
-        try:
-            for _ in self._gen:
-                pass
-            result = dataclasses.replace(self.model.last_result, finish_reason="cancelled")
-        finally:
-            self._reset()
-        return result
-
-    def _reset(self) -> None:
-        if self._gen is not None:
-            self._gen.close()
-        self._tag = self._gen = self._first = None
-
-
 def open_scheduler(cfg) -> tuple[Scheduler, dict]:
     """Load the artifact; returns the scheduler and what /v1/info reports about it."""
     from edgeocr.model import OCRModel
 
     model = OCRModel(cfg.artifact, device=cfg.device, threads=cfg.threads or None)
-    m = model.manifest
+    m = model.artifact
     info = {"version": __version__, "backend": model.session.name, "precision": m.precision,
             "device": cfg.device, "artifact": str(cfg.artifact),
             "manifest_sha256": hashlib.sha256((Path(cfg.artifact) / "manifest.json").read_bytes()).hexdigest(),
-            "source_sha256": m.source.get("sha256"), "kv_cache_tokens": m.kv_cache["max_len"],
+            "source_sha256": m.source.get("sha256"), "cache_len": m.cache_len, "slots": m.slots,
             "max_new_tokens": cfg.max_new_tokens, "tasks": prompts.task_names()}
-    return SingleSlotScheduler(model), info
+    return SlotScheduler(model, deltas=True), info
 
 
 def warmup_request() -> PageRequest:
@@ -310,7 +220,7 @@ class EngineWorker(threading.Thread):
             return
         for ev in events:
             job = ev.tag
-            if ev.token_id != NO_TOKEN and job.stream and not job.gone:
+            if job.stream and not job.gone:
                 job.post(TOKEN, ev.token_id, ev.text_delta)
             if ev.result is not None:
                 self._finish(job, ev.result)
