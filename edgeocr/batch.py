@@ -50,7 +50,8 @@ class _Page:
     vision_ms: float
     t_start: float                    # perf_counter when admitted
     t_first: float = 0.0              # perf_counter when its first token was chosen
-    text: str = ""                    # decoded so far (deltas on)
+    prefix_offset: int = 0            # incremental detokenization (deltas on): tokens before this are
+    read_offset: int = 0              # settled; tokens[prefix_offset:read_offset] gave the last text reported
     done: bool = False                # finished; its slot is freed once step() has reported that
 
 
@@ -105,8 +106,10 @@ class SlotScheduler:
                        penalty=opts.repetition_penalty or m.artifact.repetition_penalty)
         tok = decode.prefill(self.session, slot, seq, cos, sin)
         page = _Page(tag, seq, prep, task, vision_ms, t_start, t_first=time.perf_counter())
+        events: list[SlotEvent] = []
+        self._emit(slot, page, tok, events)
         self.pages[slot] = page
-        self._emit(slot, page, tok, self._pending)
+        self._pending += events
 
     def step(self) -> list[SlotEvent]:
         """One decode step of every live slot; returns the tokens produced (first tokens of newly admitted
@@ -141,8 +144,10 @@ class SlotScheduler:
     def cancel(self, tag):
         """Free the slot holding `tag` now; its result has finish_reason "cancelled" (None: not held)."""
         for i, p in enumerate(self.pages):
-            if p is not None and p.tag is tag and not p.done:
+            if p is not None and p.tag == tag:
                 self.pages[i] = None
+                if p.done:                        # finished at admission, not reported yet: report nothing
+                    self._pending = [ev for ev in self._pending if ev.tag != tag]
                 p.seq.finish_reason = decode.FINISH_CANCELLED
                 return self._result(p)
         return None
@@ -152,16 +157,23 @@ class SlotScheduler:
         seq = page.seq
         seq.tokens.append(tok)
         seq.finish_reason = decode.finish_reason(seq, tok, self.session.cache_len, self.model.tokenizer.decode)
-        delta = ""
-        if self.deltas:
-            text = self.model.tokenizer.decode(seq.tokens)
-            if not (text.endswith("\ufffd") and not seq.finish_reason):     # incomplete UTF-8: hold back
-                delta, page.text = text[len(page.text):], text
+        delta = self._delta(page) if self.deltas else ""
         result = None
         if seq.finish_reason:
             page.done = True
             result = self._result(page)
         events.append(SlotEvent(page.tag, tok, delta, result))
+
+    def _delta(self, page: _Page) -> str:
+        """The text the newest token adds, decoding only a short window (incremental detokenization: the cost
+        per token does not grow with the page); held back while it ends in an incomplete UTF-8 sequence."""
+        decode_ids, toks = self.model.tokenizer.decode, page.seq.tokens
+        before = decode_ids(toks[page.prefix_offset:page.read_offset])
+        now = decode_ids(toks[page.prefix_offset:])
+        if len(now) > len(before) and (not now.endswith("\ufffd") or page.seq.finish_reason):
+            page.prefix_offset, page.read_offset = page.read_offset, len(toks)
+            return now[len(before):]
+        return ""
 
     def _result(self, page: _Page):
         seq = page.seq

@@ -251,15 +251,17 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
     if device == "cuda":
         from edgeocr.backends import cudart
         cuda = cudart.load()
-    pending = list(enumerate(images))
     full_steps, steps, admit_ms, done, peak_dev = [], [], [], 0, None
     t0 = time.perf_counter()
-    while pending or not sched.idle():
-        while pending and sched.free():
+    source = enumerate(model.prefetch(images, depth=model.slots))     # host preparation overlaps decoding
+    pending = next(source, None)
+    while pending is not None or not sched.idle():
+        while pending is not None and sched.free():
             ta = time.perf_counter()
-            i, img = pending.pop(0)
-            sched.admit(PageRequest(img, task=task, options=opts), i)
+            i, prepared = pending
+            sched.admit(PageRequest(prepared, task=task, options=opts), i)
             admit_ms.append((time.perf_counter() - ta) * 1e3)
+            pending = next(source, None)
         busy = sched.live()
         ts = time.perf_counter()
         events = sched.step()

@@ -16,7 +16,7 @@ import numpy as np
 
 from edgeocr import artifact as af
 from edgeocr import postprocess, preprocess, prompts, rope
-from edgeocr.batch import PageRequest, SlotScheduler
+from edgeocr.batch import PageRequest, SlotEvent, SlotScheduler
 from edgeocr.decode import DecodeOptions, Sequence
 from edgeocr.errors import BackendError, PromptError
 from edgeocr.postprocess import TextLine
@@ -67,6 +67,9 @@ def open_session(path: Path, art: af.Artifact, backend: str, device: str, thread
         from edgeocr.backends.tensorrt import TrtSession
         return TrtSession(path, art, flavour="auto" if backend == "tensorrt" else backend)
     raise BackendError(f"unknown backend {backend!r}; use 'onnxruntime' or 'tensorrt'")
+
+
+_END = object()
 
 
 class Stream:
@@ -122,6 +125,9 @@ class OCRModel:
 
     # ------------------------------------------------------------------ pieces
     def prepare(self, image) -> Prepared:
+        """Decode and letterbox an image into the model's input (a Prepared passes through)."""
+        if isinstance(image, Prepared):
+            return image
         im = self.image_spec
         t0 = time.perf_counter()
         img = preprocess.load_image(image)
@@ -165,8 +171,7 @@ class OCRModel:
                 if ev.result is not None:
                     return
             if stop_check is not None and stop_check():
-                res = sched.cancel(tag)
-                yield type(ev)(tag, res.token_ids[-1], "", res)
+                yield SlotEvent(tag, None, "", sched.cancel(tag))     # the result alone, no new token
                 return
 
     def stream(self, image, task: str | None = None, prompt: str | None = None, lang: str = "zh",
@@ -187,18 +192,42 @@ class OCRModel:
         request = PageRequest(image, task, prompt, lang, options)
         result = None
         for ev in self._events(request, stop_check, deltas=on_token is not None):
-            if on_token is not None:
+            if on_token is not None and ev.token_id is not None:
                 on_token(ev.token_id, ev.text_delta)
             result = ev.result or result
         return result
 
+    def prefetch(self, images: Iterable, depth: int) -> Iterator[Prepared]:
+        """`prepare` the images on a worker thread, `depth` ahead of the consumer: the host's decoding and
+        letterboxing of the next pages overlaps the decode steps of the current ones.  An image that fails
+        raises its error when its turn comes."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1, thread_name_prefix="edgeocr-prepare") as pool:
+            ahead = []
+            it = iter(images)
+            try:
+                while True:
+                    while len(ahead) < depth:
+                        img = next(it, _END)
+                        if img is _END:
+                            break
+                        ahead.append(pool.submit(self.prepare, img))
+                    if not ahead:
+                        return
+                    yield ahead.pop(0).result()
+            finally:
+                for f in ahead:
+                    f.cancel()
+
     def recognize_many(self, images: Iterable, task: str | None = None, prompt: str | None = None,
                        lang: str = "zh", options: DecodeOptions = DecodeOptions()) -> Iterator[tuple[int, OCRResult]]:
         """Run many images, `slots` at a time, yielding (index, OCRResult) as pages finish (not necessarily in
-        input order).  `images` is consumed lazily; a freed slot takes the next image at once.  A bad image
-        raises its EdgeOCRError (ImageError, ...) with the pages already yielded kept."""
+        input order).  `images` is consumed lazily and prepared (decoded, letterboxed) on a worker thread ahead
+        of need; a freed slot takes the next image at once.  A bad image raises its EdgeOCRError (ImageError,
+        ...) with the pages already yielded kept."""
         sched = SlotScheduler(self)
-        source = enumerate(images)
+        source = enumerate(self.prefetch(images, depth=self.slots))
         exhausted = False
         while True:
             while not exhausted and sched.free():

@@ -34,6 +34,12 @@ class Buffer:
         return self.ptr + index * (self.nbytes // self.shape[0])
 
 
+def _check_span(buf: Buffer, offset: int, n: int) -> None:
+    """Device copies have no bounds of their own: refuse one that would leave the buffer."""
+    if offset < 0 or offset + n > buf.nbytes // buf.itemsize:
+        raise IndexError(f"copy of {n} elements at {offset} outside a buffer of shape {buf.shape}")
+
+
 class HostMemory:
     """numpy arrays: ONNX Runtime's CPU provider reads and writes them in place."""
 
@@ -81,9 +87,11 @@ class CudaMemory:
 
     def write(self, buf: Buffer, data: np.ndarray, offset: int = 0) -> None:
         src = np.ascontiguousarray(data, buf.dtype)
+        _check_span(buf, offset, src.size)
         self.cuda.memcpy_htod(buf.ptr + offset * buf.itemsize, src.ctypes.data, src.nbytes)
 
     def read(self, buf: Buffer, out: np.ndarray, offset: int = 0) -> np.ndarray:
+        _check_span(buf, offset, out.size)
         self.cuda.memcpy_dtoh(out.ctypes.data, buf.ptr + offset * buf.itemsize, out.nbytes)
         return out
 

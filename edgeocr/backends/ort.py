@@ -229,6 +229,7 @@ class OrtSession:
         mem.write(self.pf_cos, cos)
         mem.write(self.pf_sin, sin)
         mem.write(self.pf_len, np.asarray([self._prefill_len_value(s)], self._len_dtype))
+        mem.sync()
         self._bind(b, "input_ids", self.pf_ids, [1, s])
         self._bind(b, "image_embeds", self.image)
         self._bind(b, "cos", self.pf_cos, [1, s, self.head_dim])
@@ -261,6 +262,7 @@ class OrtSession:
         mem.write(self.st_cos, self.h_cos)
         mem.write(self.st_sin, self.h_sin)
         mem.write(self.st_len, self.h_len)
+        mem.sync()                      # the copies have landed before the graph (on its own stream) reads them
         self._before_step(pos)
         self.decoder.run_with_iobinding(self.step_binding, self._ro_step if self.cuda_graph else None)
         self._after_step(pos, live)
@@ -393,4 +395,6 @@ class GqaSession(OrtSession):
     def _before_step(self, pos: np.ndarray) -> None:
         # an upper bound over the batch; under a CUDA graph it is baked into the capture, so there it stays at
         # the cache length (seqlens_k carries each sequence's truth)
-        self.st_total[...] = self.cache_len if self.cuda_graph else int(pos.max()) + 1
+        # on CUDA always the cache length: the kernel's work split follows it, and a value taken from the other
+        # slots' lengths would make a page's numerics depend on its neighbours
+        self.st_total[...] = self.cache_len if self.device == "cuda" else int(pos.max()) + 1

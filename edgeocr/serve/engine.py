@@ -220,6 +220,8 @@ class EngineWorker(threading.Thread):
             return
         for ev in events:
             job = ev.tag
+            if job not in self.running:          # finished or cancelled already: nothing more to send
+                continue
             if job.stream and not job.gone:
                 job.post(TOKEN, ev.token_id, ev.text_delta)
             if ev.result is not None:
