@@ -99,6 +99,24 @@ def constants_to_initializers(model) -> int:
     return n
 
 
+def fold_identities(model) -> int:
+    """Identity nodes (the exporter's way of sharing one initializer between equal weights, e.g. norm weights
+    that are all ones) -> their consumers read the source directly."""
+    outputs = {o.name for o in model.graph.output}
+    alias = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Identity" and n.output[0] not in outputs}
+    if not alias:
+        return 0
+    keep = [n for n in model.graph.node if not (n.op_type == "Identity" and n.output[0] in alias)]
+    for n in keep:
+        for i, x in enumerate(n.input):
+            while x in alias:
+                x = alias[x]
+            n.input[i] = x
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    return len(alias)
+
+
 def _const(om, name: str):
     """Value of an initializer, or None."""
     from onnx import numpy_helper
@@ -528,6 +546,7 @@ def fuse_decoder(model, opts: FuseOptions = FuseOptions()) -> dict[str, int]:
     """Fuse an exported decoder ModelProto in place; returns {pass: fusions applied}."""
     opts.validate()
     constants_to_initializers(model)
+    fold_identities(model)
     om = _onnx_model(model)
     done = {"rms_norm": fuse_rms_norms(om)}
     if opts.target == "cuda" and opts.gqa_qk_norm:
@@ -545,6 +564,7 @@ def fuse_vision(model, opts: FuseOptions = FuseOptions()) -> dict[str, int]:
     """Fuse an exported vision ModelProto in place; returns {pass: fusions applied}."""
     opts.validate()
     constants_to_initializers(model)
+    fold_identities(model)
     om = _onnx_model(model)
     done = {"layer_norm_fp16": fold_layer_norm_casts(om), "rms_norm": fuse_rms_norms(om)}
     done["skip_layer_norm"] = fuse_skip_norms(om, simplified=False)

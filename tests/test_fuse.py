@@ -200,3 +200,25 @@ def test_weight_int8_after_fusion_runs_and_tracks(fast, tmp_path):
     a = OCRModel(fast["a-portable"]).recognize(image, options=o)
     b = OCRModel(w8).recognize(image, options=o)
     assert b.token_ids[:2] == a.token_ids[:2]
+
+
+def test_shared_weights_do_not_hide_the_patterns(ckpt_a, tmp_path):
+    """A checkpoint whose norm weights are all equal (as on freshly initialized, random-weight models) is exported
+    with one initializer shared through Identity nodes: every pass still fires."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    ckpt = tmp_path / "ones"
+    shutil.copytree(ckpt_a, ckpt)
+    f = next(ckpt.glob("*.safetensors"))
+    w = load_file(str(f))
+    for k in w:
+        if k.endswith("norm.weight") or "layernorm.weight" in k:
+            w[k] = np.ones_like(w[k])
+    save_file(w, str(f), metadata={"format": "pt"})
+    art = _export(ckpt, tmp_path / "art", precision="fp16")
+    assert _ops(art / "decoder.onnx")["Identity"] > 0
+    m = fuse_artifact(art, tmp_path / "fused", FuseOptions(target="cuda"))
+    dec = m.export["fusion"]["graphs"]["decoder"]["passes"]
+    assert dec == {"rms_norm": 9, "gqa_qk_norm": 2, "skip_rms_norm": 3, "lm_head": 1, "swiglu": 2}
