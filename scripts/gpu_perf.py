@@ -184,6 +184,7 @@ def cmd_memory(a) -> int:
         from edgeocr.backends import cudart
         cuda = cudart.load()
     stages = [("process + CUDA context", _used_mib(cuda))]
+    notes = {}
     m = read_manifest(Path(a.artifact))
     original = ort.InferenceSession.__init__
     original_run = ort.InferenceSession.run_with_iobinding
@@ -196,7 +197,11 @@ def cmd_memory(a) -> int:
                          if isinstance(p, tuple) and p[0] == "CUDAExecutionProvider" else p for p in providers]
         if a.config == "tuned" and a.device == "cuda":
             sess_options = sess_options or ort.SessionOptions()
-            ort_options.share_arena(ort, sess_options)
+            try:
+                ort_options.share_arena(ort, sess_options)
+                notes["shared_arena"] = "on"
+            except Exception as e:      # this ONNX Runtime cannot share a CUDA arena: measured without it
+                notes["shared_arena"] = f"unavailable: {type(e).__name__}: {str(e)[:200]}"
         original(self, path, sess_options, providers, **kw)
         self._edgeocr_graph = name
         stages.append((f"{name} session", _used_mib(cuda)))
@@ -226,7 +231,7 @@ def cmd_memory(a) -> int:
     _write(a.json, {"artifact": a.artifact, "precision": m.precision, "config": a.config, "device": a.device,
                     "fusion": m.export.get("fusion", {}).get("target"), "stages_mib": deltas,
                     "weight_files_mib": weights, "kv_cache_mib": kv, "peak_mib": max(u for _, u in stages),
-                    "timings_ms": runs, "seconds": round(time.perf_counter() - t, 1),
+                    "timings_ms": runs, "seconds": round(time.perf_counter() - t, 1), "notes": notes,
                     "provider_options": ort_options.cuda_provider_options(m.precision)
                     if a.config != "runtime" else "runtime"})
     return 0
