@@ -183,8 +183,8 @@ def letterbox_fast(img, size: tuple[int, int] | None = None, canvas: int = CANVA
     geometry refers to (default: img's own size)."""
     try:
         import cv2
-    except ImportError:
-        raise ImageError("the fast preprocessing path needs OpenCV: pip install 'edgeocr[fast]'") from None
+    except ImportError as e:
+        raise ImageError(f"the fast preprocessing path needs OpenCV ({e}): pip install 'edgeocr[fast]'") from None
     rgb = np.asarray(img, dtype=np.uint8)
     lb = letterbox_geometry(*(size or (rgb.shape[1], rgb.shape[0])), canvas)
     nw, nh = lb.new_w, lb.new_h

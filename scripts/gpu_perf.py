@@ -10,6 +10,7 @@
     python scripts/gpu_perf.py ttft ARTIFACT IMAGE --json OUT      time to first token from the encoded file for each
                                                                    preprocessing path (exact, fast, fast+device, device)
     python scripts/gpu_perf.py pack DIR OUT.json                   every *.json under DIR in one file
+    python scripts/gpu_perf.py report summary.json                 the markdown tables of docs/perf.md from it
 
 `memory` and the device paths of `ttft` reach into the ONNX Runtime session of edgeocr.backends.ort (its
 sessions, its vision binding); each says so when that layout changed instead of reporting a wrong number.
@@ -339,6 +340,46 @@ def cmd_pack(a) -> int:
     return 0
 
 
+def _row(cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def cmd_report(a) -> int:
+    """summary.json (gpu_bench.sh) -> the markdown tables docs/perf.md shows."""
+    d = json.loads(Path(a.summary).read_text())
+    f = lambda x, n=3: "" if x is None else f"{x:.{n}f}"   # noqa: E731
+    out = ["| flavour | decode ms/token | TTFT ms (bench, exact path) | vision ms | prefill ms | device MiB |"
+           " transformers ms/token |", "|---|---|---|---|---|---|---|"]
+    for name in ("fp16", "fp16_fused", "w8", "w8_fused"):
+        b = d.get(f"bench_{name}")
+        if b:
+            e, hf = b["edgeocr"], b.get("transformers") or {}
+            out.append(_row([name, f(e["decode_ms_per_token"]), f(e["first_token_ms"], 1), f(e["vision_ms"], 1),
+                             f(e["prefill_ms"], 1), f(e["peak_device_mib"], 0), f(hf.get("decode_ms_per_token"))]))
+    out += ["", "| flavour | stage | kernels | GPU busy ms | wall ms | memcpy |", "|---|---|---|---|---|---|"]
+    for k in sorted(x for x in d if x.startswith("profile_")):
+        for s in d[k]["stages"]:
+            out.append(_row([k[8:], s["stage"], f(s["kernels"], 0), f(s["gpu_busy_ms"]), f(s["wall_ms"]), f(s["memcpy"], 0)]))
+    out += ["", "| artifact / settings | " + " | ".join(n for n, _, _ in next(
+        (v["stages_mib"] for k, v in d.items() if k.startswith("memory_") and "stages_mib" in v), [])) + " | peak |"]
+    out.append("|---" * (len(out[-1].split("|")) - 2) + "|")
+    for k in sorted(x for x in d if x.startswith("memory_") and "stages_mib" in d[x]):
+        v = d[k]
+        out.append(_row([k[7:]] + [f"{delta:+.0f}" for _, _, delta in v["stages_mib"]] + [f(v["peak_mib"], 0)]))
+    out += ["", "| artifact | path | TTFT ms (median) | host part ms | same first token |", "|---|---|---|---|---|"]
+    for k in sorted(x for x in d if x.startswith("ttft_")):
+        for path, v in d[k]["paths"].items():
+            out.append(_row([k[5:], path, f(v.get("ttft_ms"), 1), f(v.get("preprocess_ms"), 1),
+                             v.get("same_first_token_as_exact", v.get("error", ""))]))
+    if "probe" in d:
+        out += ["", "probe: " + json.dumps({k: v.get("ok") for k, v in d["probe"].items() if isinstance(v, dict)})]
+    if "tokens" in d:
+        out += ["tokens vs unfused FP16 (first divergence per page): " + json.dumps(
+            {Path(k).name: v["first_divergence"] for k, v in d["tokens"].items()})]
+    print("\n".join(out))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -361,8 +402,10 @@ def main(argv=None) -> int:
     k = sub.add_parser("pack")
     k.add_argument("dir")
     k.add_argument("out")
+    r = sub.add_parser("report")
+    r.add_argument("summary")
     a = ap.parse_args(argv)
-    return {"probe": cmd_probe, "memory": cmd_memory, "ttft": cmd_ttft, "pack": cmd_pack}[a.cmd](a)
+    return {"probe": cmd_probe, "memory": cmd_memory, "ttft": cmd_ttft, "pack": cmd_pack, "report": cmd_report}[a.cmd](a)
 
 
 if __name__ == "__main__":
