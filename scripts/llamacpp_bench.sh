@@ -5,7 +5,8 @@
 #
 #   scripts/llamacpp_bench.sh prepare SDIST.tar.gz DEST    strip the sdist's vendor/llama.cpp into DEST
 #   scripts/llamacpp_bench.sh                               on the GPU machine: build, convert, bench
-#   scripts/llamacpp_bench.sh --cpu                         the same with a CPU build (checks the script)
+#   scripts/llamacpp_bench.sh --cpu                         the same with a CPU build (checks the script; with
+#                                                           CKPT=a small checkpoint, DEPTH=64 N_TOKENS=8 it runs in minutes)
 #
 # On the GPU machine: builds llama-bench and llama-mtmd-cli with -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
 # (JOBS parallel jobs, default all cores), converts the checkpoint (CKPT; made with quantize.realsize when absent)
@@ -50,12 +51,14 @@ LOG=$OUT/llamacpp.log; : > "$LOG"
 R=$W/llamacpp-results; rm -rf "$R"; mkdir -p "$R"
 T0=$(date +%s)
 say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$LOG"; }
-timed() { local name=$1; shift; local t=$(date +%s); say "-- $name"; "$@" >> "$LOG" 2>&1; local rc=$?
+# timed NAME CMD... (output into the log) / timed_to NAME FILE CMD... (stdout into FILE): wall time and status recorded
+timed() { local name=$1; shift; timed_to "$name" "$LOG" "$@"; }
+timed_to() { local name=$1 file=$2; shift 2; local t=$(date +%s); say "-- $name"; "$@" >> "$file" 2>> "$LOG"; local rc=$?
   echo "{\"rc\": $rc, \"seconds\": $(( $(date +%s) - t ))}" > "$R/step_$name.json"
   [ $rc = 0 ] || say "   $name failed (rc $rc), see llamacpp.log"; return $rc; }
 
 [ -f "$SRC/CMakeLists.txt" ] || { say "error: no llama.cpp source at $SRC (LLAMA_SRC); see 'prepare'"; exit 2; }
-if [ $MODE = gpu ]; then CUDA="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"; NGL=99; else CUDA=""; NGL=0; fi
+if [ $MODE = gpu ]; then CUDA="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"; NGL=99; else CUDA="-DGGML_NATIVE=OFF"; NGL=0; fi
 
 # 1. build
 timed configure cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release $CUDA -DLLAMA_BUILD_TESTS=OFF \
@@ -72,14 +75,15 @@ done
   --outtype f16 --mmproj
 
 # 3. bench: decode at edgeocr's prompt depth, a 1,093-token prompt, and image encoding through mtmd
-N=${N_TOKENS:-256}; [ $MODE = cpu ] && N=${N_TOKENS:-16}
-timed bench_decode "$BIN/llama-bench" -m "$GG/text-f16.gguf" -m "$GG/text-q8_0.gguf" -n $N -d 1093 -p 0 -ngl $NGL -fa 1 \
-  -o json > "$R/decode.json" 2>> "$LOG"
-timed bench_prompt "$BIN/llama-bench" -m "$GG/text-f16.gguf" -m "$GG/text-q8_0.gguf" -p 1093 -n 0 -ngl $NGL -fa 1 \
-  -o json > "$R/prompt.json" 2>> "$LOG"
+N=${N_TOKENS:-256}; DEPTH=${DEPTH:-1093}     # edgeocr's prompt for one page: 1,093 tokens
+timed_to bench_decode "$R/decode.json" "$BIN/llama-bench" -m "$GG/text-f16.gguf" -m "$GG/text-q8_0.gguf" -n $N \
+  -d $DEPTH -p 0 -ngl $NGL -fa 1 -o json
+timed_to bench_prompt "$R/prompt.json" "$BIN/llama-bench" -m "$GG/text-f16.gguf" -m "$GG/text-q8_0.gguf" -p $DEPTH \
+  -n 0 -ngl $NGL -fa 1 -o json
+# the random-weight checkpoint has no chat template: llama.cpp's built-in HunyuanVL one
 for k in 1 2 3; do
   timed mtmd_$k "$BIN/llama-mtmd-cli" -m "$GG/text-f16.gguf" --mmproj "$GG/mmproj-f16.gguf" --image "$IMG" \
-    -p "Extract the text in the image." -n 1 -ngl $NGL --temp 0 -c 4096
+    -p "Extract the text in the image." -n 1 -ngl $NGL --temp 0 -c 4096 --chat-template hunyuan-vl -lv 4
 done
 
 # 4. one JSON
@@ -96,10 +100,11 @@ def bench(name):
              "n_gen": r["n_gen"], "n_depth": r.get("n_depth"), "avg_ms_per_token": r["avg_ns"] / 1e6 / max(r["n_gen"] or r["n_prompt"], 1),
              "avg_total_ms": r["avg_ns"] / 1e6, "stddev_ms": r["stddev_ns"] / 1e6, "tokens_per_s": r["avg_ts"],
              "build": r.get("build_commit"), "gpu": r.get("gpu_info"), "backends": r.get("backends")} for r in rows]
-enc = [int(x) for x in re.findall(r"slice encoded in (\d+) ms", log)]
+enc = [int(x) for x in re.findall(r"(?:slice encoded|batch encoding done) in (\d+) ms", log)]
 dec = [int(x) for x in re.findall(r"decoded \(batch \d+/\d+\) in (\d+) ms", log)]
+img_tokens = [int(x) for x in re.findall(r"n_tokens_batch = (\d+)", log)]
 res = {"decode_at_depth": bench("decode"), "prompt": bench("prompt"),
-       "mtmd_image_encode_ms": enc, "mtmd_image_prefill_ms": dec,
+       "mtmd_image_encode_ms": enc, "mtmd_image_prefill_ms": dec, "mtmd_image_tokens": img_tokens,
        "gguf_mib": {p.name: round(p.stat().st_size / 2**20, 1) for p in gg.glob("*.gguf")},
        "steps": {p.stem[5:]: json.loads(p.read_text()) for p in R.glob("step_*.json")}}
 Path(out).write_text(json.dumps(res, indent=1))
