@@ -148,7 +148,8 @@ def probe_resize(device) -> dict:
 
 
 def cmd_probe(a) -> int:
-    providers = ["CUDAExecutionProvider"] if a.device == "cuda" else ["CPUExecutionProvider"]
+    # CPU second: ONNX Runtime places shape inputs there; neither probed op has a CPU kernel to fall back to
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if a.device == "cuda" else ["CPUExecutionProvider"]
     out = {"device": a.device}
     for name, fn in (("swiglu", lambda: probe_swiglu(providers)),
                      ("gqa_qk_norm", lambda: probe_gqa_qk_norm(providers, a.device)),
