@@ -15,7 +15,6 @@ quantize.tiny) lack are supplied, without touching llama.cpp's files:
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time

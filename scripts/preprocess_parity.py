@@ -52,7 +52,6 @@ def main() -> int:
     a = ap.parse_args()
     pages = load_dir(ROOT / "calibration_data" / "eval")
     pages = pages[:a.pages] if a.pages else pages
-    level = 1 / (255 * min(preprocess.STD))
     with tempfile.TemporaryDirectory() as tmp:
         export(ROOT / "demo_model", Path(tmp) / "demo", ExportOptions(max_cache_len=1536, max_prefill_len=1280))
         model = OCRModel(Path(tmp) / "demo")
