@@ -2,6 +2,13 @@
 
 The same functions feed the runtime, INT8 calibration and the accuracy checker.  Resampling is
 Pillow's default bicubic, as the reference processor uses (spec §5.1); normalization is CLIP's.
+
+Two host paths:
+- exact (the reference): Pillow decodes the whole image and resizes it with its antialiased bicubic.
+- fast: a JPEG is decoded at 1/2, 1/4 or 1/8 scale where the letterbox shrinks it at least twice that much
+  (libjpeg's DCT scaling, `load_image_for_canvas`), and OpenCV resizes (`letterbox_fast`).  Not bit-exact:
+  docs/perf.md gives the measured pixel, embedding and token differences.
+A third path runs the resize and normalization on the GPU: edgeocr.preprocess_graph.
 """
 
 from __future__ import annotations
@@ -62,27 +69,18 @@ def load_image(src) -> "PIL.Image.Image":  # noqa: F821
     if isinstance(src, Image.Image):
         _check_aspect(src.width, src.height, "image")
         return src.convert("RGB")
-    if isinstance(src, (bytes, bytearray, memoryview)):
-        data, name = bytes(src), "image bytes"
-    elif isinstance(src, (str, Path)):
-        p = Path(src)
-        name = str(p)
-        try:
-            data = p.read_bytes()
-        except FileNotFoundError:
-            raise ImageError(f"{p}: no such file") from None
-        except IsADirectoryError:
-            raise ImageError(f"{p}: is a directory, not an image") from None
-        except OSError as e:
-            raise ImageError(f"{p}: cannot be read ({e.strerror})") from None
-    else:
+    if not isinstance(src, (bytes, bytearray, memoryview, str, Path)):
         raise ImageError(f"unsupported image type {type(src).__name__}; pass a path, bytes or a numpy array")
-    if not data:
-        raise ImageError(f"{name}: empty file")
-    return decode_bytes(data, name)
+    return decode_bytes(*_read(src))
 
 
 def decode_bytes(data: bytes, name: str = "image", max_pixels: int = MAX_SOURCE_PIXELS):
+    return _decode(data, name, max_pixels)[0]
+
+
+def _decode(data: bytes, name: str, max_pixels: int = MAX_SOURCE_PIXELS, canvas: int | None = None):
+    """-> (RGB PIL image, original (width, height)).  With `canvas`, a JPEG is decoded at the largest DCT
+    reduction (1/2, 1/4, 1/8) that still covers twice its letterbox size on that canvas."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -93,6 +91,12 @@ def decode_bytes(data: bytes, name: str = "image", max_pixels: int = MAX_SOURCE_
         if w < MIN_EDGE or h < MIN_EDGE:
             raise ImageError(f"{name}: empty image ({w}x{h})")
         _check_aspect(w, h, name)
+        if canvas is not None and img.format == "JPEG":
+            # libjpeg picks the strongest reduction still >= the requested size.  Twice the letterbox size:
+            # DCT-scaled output is sharper than Pillow's antialiased bicubic, and what is left to shrink
+            # (>= 2x) is area-averaged by letterbox_fast, which tracks Pillow closely (docs/perf.md)
+            _, nw, nh = letterbox_size(w, h, canvas)
+            img.draft("RGB", (2 * nw, 2 * nh))
         img.load()          # full decode: truncated files fail here
     except ImageError:
         raise
@@ -105,14 +109,56 @@ def decode_bytes(data: bytes, name: str = "image", max_pixels: int = MAX_SOURCE_
     if img.mode in ("RGBA", "LA") or (img.mode == "P" and "transparency" in img.info):
         bg = Image.new("RGB", img.size, (255, 255, 255))
         bg.paste(img.convert("RGBA"), mask=img.convert("RGBA").split()[-1])
-        return bg
-    return img.convert("RGB")
+        return bg, (w, h)
+    return img.convert("RGB"), (w, h)
+
+
+def load_image_for_canvas(src, canvas: int = CANVAS) -> tuple["PIL.Image.Image", tuple[int, int]]:  # noqa: F821
+    """load_image for the fast path: a JPEG file or bytes is decoded at reduced scale where the letterbox
+    allows (see _decode).  Returns the RGB image and the source's original (width, height), which the
+    letterbox geometry and the boxes of the result refer to."""
+    if isinstance(src, (bytes, bytearray, memoryview, str, Path)):
+        data, name = _read(src)
+        return _decode(data, name, canvas=canvas)
+    img = load_image(src)
+    return img, img.size
+
+
+def _read(src) -> tuple[bytes, str]:
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        data, name = bytes(src), "image bytes"
+    else:
+        p = Path(src)
+        name = str(p)
+        try:
+            data = p.read_bytes()
+        except FileNotFoundError:
+            raise ImageError(f"{p}: no such file") from None
+        except IsADirectoryError:
+            raise ImageError(f"{p}: is a directory, not an image") from None
+        except OSError as e:
+            raise ImageError(f"{p}: cannot be read ({e.strerror})") from None
+    if not data:
+        raise ImageError(f"{name}: empty file")
+    return data, name
 
 
 def _check_aspect(w: int, h: int, name: str) -> None:
     r = max(w / h, h / w)
     if r > MAX_ASPECT:
         raise ImageError(f"{name}: aspect ratio {r:.0f}:1 ({w}x{h}) exceeds {MAX_ASPECT:.0f}:1")
+
+
+def letterbox_size(w: int, h: int, canvas: int = CANVAS) -> tuple[float, int, int]:
+    """(scale, new_w, new_h): the aspect-kept size of a w x h image fitted into the canvas."""
+    scale = min(canvas / w, canvas / h)
+    return scale, max(1, min(canvas, round(w * scale))), max(1, min(canvas, round(h * scale)))
+
+
+def letterbox_geometry(w: int, h: int, canvas: int = CANVAS) -> Letterbox:
+    """Where a w x h image sits on the canvas (top-left), without resizing anything."""
+    scale, nw, nh = letterbox_size(w, h, canvas)
+    return Letterbox(width=w, height=h, scale=scale, new_w=nw, new_h=nh)
 
 
 def letterbox(img, canvas: int = CANVAS, pad_value: int = PAD_VALUE) -> tuple[np.ndarray, Letterbox]:
@@ -122,13 +168,34 @@ def letterbox(img, canvas: int = CANVAS, pad_value: int = PAD_VALUE) -> tuple[np
     """
     from PIL import Image
 
-    w, h = img.size
-    scale = min(canvas / w, canvas / h)
-    nw, nh = max(1, min(canvas, round(w * scale))), max(1, min(canvas, round(h * scale)))
-    resized = img if (nw, nh) == (w, h) else img.resize((nw, nh), Image.BICUBIC)
+    lb = letterbox_geometry(*img.size, canvas)
+    nw, nh = lb.new_w, lb.new_h
+    resized = img if (nw, nh) == img.size else img.resize((nw, nh), Image.BICUBIC)
     out = np.full((canvas, canvas, 3), pad_value, dtype=np.uint8)
     out[:nh, :nw] = np.asarray(resized, dtype=np.uint8)
-    return out, Letterbox(width=w, height=h, scale=scale, new_w=nw, new_h=nh)
+    return out, lb
+
+
+def letterbox_fast(img, size: tuple[int, int] | None = None, canvas: int = CANVAS,
+                   pad_value: int = PAD_VALUE) -> tuple[np.ndarray, Letterbox]:
+    """letterbox with OpenCV's resize: bicubic where it shrinks less than 2x or enlarges, area averaging
+    where it shrinks more (bicubic without antialiasing would alias there).  `img`: PIL image or uint8
+    HxWx3 array, possibly decoded at reduced scale; `size`: the source's original (width, height) the
+    geometry refers to (default: img's own size)."""
+    try:
+        import cv2
+    except ImportError as e:
+        raise ImageError(f"the fast preprocessing path needs OpenCV ({e}): pip install 'edgeocr[fast]'") from None
+    rgb = np.asarray(img, dtype=np.uint8)
+    lb = letterbox_geometry(*(size or (rgb.shape[1], rgb.shape[0])), canvas)
+    nw, nh = lb.new_w, lb.new_h
+    out = np.full((canvas, canvas, 3), pad_value, dtype=np.uint8)
+    if (nw, nh) == (rgb.shape[1], rgb.shape[0]):
+        out[:nh, :nw] = rgb
+    else:
+        shrink = min(nw / rgb.shape[1], nh / rgb.shape[0])
+        cv2.resize(rgb, (nw, nh), dst=out[:nh, :nw], interpolation=cv2.INTER_AREA if shrink < 0.5 else cv2.INTER_CUBIC)
+    return out, lb
 
 
 @functools.lru_cache(maxsize=4)
@@ -143,12 +210,15 @@ _LUT = _lut()          # the default (CLIP) table, [3, 256]
 
 def normalize(canvas_rgb: np.ndarray, dtype=np.float32, mean: tuple[float, ...] = MEAN,
               std: tuple[float, ...] = STD) -> np.ndarray:
-    """uint8 [S, S, 3] -> [1, 3, S, S] (x/255 - mean) / std in float32, through a per-channel lookup table."""
-    lut = _lut(tuple(mean), tuple(std))
-    chw = np.ascontiguousarray(canvas_rgb.transpose(2, 0, 1))         # [3, S, S] uint8
+    """uint8 [S, S, 3] -> [1, 3, S, S] (x/255 - mean) / std in float32: the same float32 operations, in the
+    same order, as the lookup table `_lut` (so bit-identical to it), done in place plane by plane."""
+    chw = canvas_rgb.transpose(2, 0, 1)                                 # [3, S, S] uint8 view
     out = np.empty((1,) + chw.shape, np.float32)
-    for c in range(3):
-        np.take(lut[c], chw[c], out=out[0, c])
+    for c, (m, s) in enumerate(zip(mean, std)):
+        plane = out[0, c]
+        np.multiply(chw[c], np.float32(1 / 255), out=plane, dtype=np.float32)
+        plane -= np.float32(m)
+        plane /= np.float32(s)
     return out if dtype == np.float32 else out.astype(dtype)
 
 

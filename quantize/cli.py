@@ -3,7 +3,8 @@
     python -m quantize export CHECKPOINT OUT [--precision fp32|fp16] [--cache-len N] [--slots N]
                                             [--rope-layout A|B] [--attention masked|gqa] [--select-on-device]
     python -m quantize int8 CHECKPOINT OUT [--calib DIR]       (calibrated W8A8, explicit Q/DQ)
-    python -m quantize weight-int8 ARTIFACT OUT [--block-size 32] [--include-lm-head]
+    python -m quantize weight-int8 ARTIFACT OUT [--block-size 32] [--include-lm-head] [--decoder-only]
+    python -m quantize fuse ARTIFACT OUT [--target cuda|portable]
     python -m quantize reslot ARTIFACT OUT --slots N     (same graphs, another slot count; ONNX Runtime)
     python -m quantize tiny OUT [--config tiny-a|tiny-b] [--seed N]
     python -m quantize train ...       (the demo model's trainer: python -m quantize train --help)
@@ -104,6 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--block-size", type=int, default=32, help="inputs sharing one scale (power of two >= 16)")
     w.add_argument("--include-lm-head", action="store_true",
                    help="also the (tied) lm_head, as a second INT8 copy of the embedding (slower on ORT 1.31 CUDA)")
+    w.add_argument("--decoder-only", action="store_true",
+                   help="keep the vision graph's weights as they are (by default they are stored in 8 bits too)")
+    f = sub.add_parser("fuse", help="artifact -> the same artifact with fused ONNX Runtime graphs (fewer kernels "
+                       "per decode step and per vision call; run before weight-int8)")
+    f.add_argument("artifact", type=Path)
+    f.add_argument("out", type=Path, help="fused artifact directory (may equal ARTIFACT)")
+    f.add_argument("--target", choices=["cuda", "portable"], default="cuda",
+                   help="cuda (default): also ops only ONNX Runtime's CUDA EP runs; portable: every EP, CPU included")
+    f.add_argument("--no-swiglu", action="store_true", help="cuda target: keep the MLP gate as exported")
+    f.add_argument("--no-gqa-qk-norm", action="store_true",
+                   help="cuda target: keep q|k|v split and the Q/K norms outside GroupQueryAttention")
     rs = sub.add_parser("reslot", help="artifact -> the same graphs with another slot count (the decoder takes "
                         "any batch; ONNX Runtime flavours; TensorRT engines must be rebuilt)")
     rs.add_argument("artifact", type=Path)
@@ -135,12 +147,17 @@ def main(argv: list[str] | None = None) -> int:
             _int8(args)
         elif args.cmd == "weight-int8":
             from quantize.weight_int8 import build_weight_int8
-            _print_sizes(build_weight_int8(args.artifact, args.out, args.block_size,
-                                           lm_head=args.include_lm_head, progress=_progress), args.out)
+            _print_sizes(build_weight_int8(args.artifact, args.out, args.block_size, lm_head=args.include_lm_head,
+                                           vision=not args.decoder_only, progress=_progress), args.out)
         elif args.cmd == "reslot":
             from quantize.export import reslot
             m = reslot(args.artifact, args.out, args.slots)
             _progress(f"{args.out}: {m.slots} slot(s), KV cache {m.kv.bytes / 2**20:.0f} MiB")
+        elif args.cmd == "fuse":
+            from quantize.fuse import FuseOptions, fuse_artifact
+            _print_sizes(fuse_artifact(args.artifact, args.out, FuseOptions(
+                target=args.target, swiglu=not args.no_swiglu, gqa_qk_norm=not args.no_gqa_qk_norm),
+                progress=_progress), args.out)
         elif args.cmd == "tiny":
             from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
             tc = {"tiny-a": TINY_A, "tiny-b": TINY_B}[args.config]

@@ -1,37 +1,145 @@
 #!/usr/bin/env bash
-# On the GPU test machine (H200; CUDA torch + transformers preinstalled, onnxruntime-gpu in /tmp/site).
-#   PHASE=prep:  GPU tests (pytest -m gpu), the real-size architecture on random weights, its FP16 exports
-#                (portable masked graph unless SKIP_MASKED=1; gqa + in-graph selection, also with a 16,384-token
-#                cache) and the weight-only INT8 copy.
-#   PHASE=bench: `edgeocr bench` of each flavour (same image, 256 tokens fixed length) against transformers
-#                generate; 1,024-token runs for per-position flatness; the kernel profile of the fast flavour.
-# Logs and JSON under $OUT.
+# One command for the GPU measurements behind docs/perf.md (an H200 with CUDA torch, transformers and the ONNX
+# Runtime GPU wheels importable; SITE=/tmp/site is put first on PYTHONPATH if it exists):
+#   1. probe which fused ops this ONNX Runtime's CUDA EP runs, numerically (scripts/gpu_perf.py probe)
+#   2. the real-size architecture on random weights, exported FP16 (gqa + selection in the graph, CUDA graph),
+#      fused for CUDA (quantize fuse; ops the probe rejected are left out), and weight-INT8 of the fused
+#      artifact (decoder and vision MatMuls as MatMulNBits)
+#   3. `edgeocr bench` of fused FP16 (with --compare-transformers) and fused weight-INT8, kernel profiles per
+#      decode step / vision call / prefill, device memory by stage (runtime settings and edgeocr.ort_options),
+#      time to first token from the encoded file for each preprocessing path, tokens of fused vs unfused
+#   4. as time allows (DEADLINE_S, default 330 s): the unfused FP16 and the unfused decoder-only weight-INT8
+#      (the previous default) benched and profiled in the same session, for before/after
+# Results in $OUT (<= 5 files): summary.json (every result), bench.txt, profile.txt, run.log.
+#
+#   scripts/gpu_bench.sh                 on the GPU machine
+#   scripts/gpu_bench.sh --cpu-tiny      the same steps on the CPU with a tiny checkpoint (checks the script;
+#                                        portable fusions, ORT node counts instead of CUDA kernels)
 set -uo pipefail
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+MODE=gpu
+[ "${1:-}" = "--cpu-tiny" ] && MODE=cpu
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+SITE=${SITE:-/tmp/site}
+export PYTHONPATH=$([ -d "$SITE" ] && echo "$SITE:")$ROOT PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+W=${WORK:-/tmp/work-perf}; R=$W/results; mkdir -p "$W" "$R"
 TOKENS=${TOKENS:-256}
-W=/tmp/work; mkdir -p $W
-ex() { name=$1; shift; [ -f $W/$name/manifest.json ] || /usr/bin/time -f "$name export wall %e s" python3 -m quantize \
-       export $W/real-ckpt $W/$name --precision fp16 --device cuda "$@" 2>&1 | tail -2 | tee -a "$OUT/exports.log"; }
-if [ "${PHASE:-prep}" = prep ]; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c "import onnxruntime as o, torch, transformers; print('ort', o.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
-  timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py ${GPU_TESTS:-} 2>&1 | tail -30 > "$OUT/gpu_tests.log"
-  [ -d $W/real-ckpt ] || python3 -m quantize.realsize $W/real-ckpt 2>&1 | tail -1
-  [ "${SKIP_MASKED:-0}" = 1 ] || ex real-fp16 --max-cache-len 4096
-  ex real-fp16-gqa --max-cache-len 4096 --attention gqa --select-on-device
-  ex real-fp16-gqa-16k --max-cache-len 16384 --attention gqa --select-on-device
-  [ -f $W/real-w8-gqa/manifest.json ] || python3 -m quantize weight-int8 $W/real-fp16-gqa $W/real-w8-gqa 2>&1 \
-    | tail -3 | tee -a "$OUT/exports.log"
-  cat "$OUT/gpu_tests.log"
-else
-  b() { name=$1; shift; python3 -m edgeocr bench "$@" --device cuda --repeats 2 --json "$OUT/bench_$name.json" >> \
-        "$OUT/bench.log" 2>&1; }
-  [ "${SKIP_MASKED:-0}" = 1 ] || b fp16_masked $W/real-fp16 --tokens $TOKENS
-  b fp16_gqa_graph $W/real-fp16-gqa --tokens $TOKENS --cuda-graph on --compare-transformers $W/real-ckpt
-  b w8_gqa_graph $W/real-w8-gqa --tokens $TOKENS --cuda-graph on
-  b fp16_gqa_graph_1024 $W/real-fp16-gqa --tokens 1024 --cuda-graph on
-  b fp16_gqa16k_graph_1024 $W/real-fp16-gqa-16k --tokens 1024 --cuda-graph on
-  python3 scripts/gpu_profile.py $W/real-fp16-gqa --cuda-graph > "$OUT/profile.txt" 2>&1
-  python3 scripts/gpu_profile.py $W/real-w8-gqa --cuda-graph 2>&1 | grep -A14 "== decode" >> "$OUT/profile.txt"
+DEADLINE_S=${DEADLINE_S:-330}
+IMG=$ROOT/calibration_data/eval/000000.jpg
+LOG=$OUT/run.log; : > "$LOG"
+T0=$(date +%s)
+if [ $MODE = gpu ]; then DEV=cuda; TARGET=cuda; GRAPH="--cuda-graph on"; PROF_GRAPH=--cuda-graph; TRACE=cuda
+else DEV=cpu; TARGET=portable; GRAPH=""; PROF_GRAPH=""; TRACE=cpu; TOKENS=${TOKENS_CPU:-16}; fi
+
+say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$LOG"; }
+# step NAME CMD...: run, log its tail, record wall time and exit status; never stops the script
+step() { local name=$1; shift; local t=$(date +%s)
+  say "-- $name"; "$@" >> "$LOG" 2>&1; local rc=$?
+  echo "{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $(( $(date +%s) - t ))}" > "$R/step_${name}.json"
+  [ $rc = 0 ] || say "   $name failed (rc $rc), see run.log"; return $rc; }
+in_time() { [ $(( $(date +%s) - T0 )) -lt "$DEADLINE_S" ] || { say "-- skipping $1: past ${DEADLINE_S} s"; return 1; }; }
+
+say "mode $MODE, device $DEV, fusion target $TARGET, work $W"
+step env $PY - <<EOF
+import json, platform, subprocess, onnxruntime as o
+info = {"onnxruntime": o.__version__, "providers": o.get_available_providers(), "python": platform.python_version()}
+try:
+    import torch, transformers; info.update(torch=torch.__version__, transformers=transformers.__version__,
+                                             cuda=torch.version.cuda)
+except Exception as e: info["torch"] = str(e)
+try: info["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                                  "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+except Exception as e: info["gpu"] = str(e)
+json.dump(info, open("$R/env.json", "w")); print(info)
+EOF
+
+# 1. which fused ops this runtime's CUDA EP runs
+FUSE_FLAGS=""
+if [ $MODE = gpu ]; then
+  step probe $PY scripts/gpu_perf.py probe --device cuda --json "$R/probe.json"
+  FUSE_FLAGS=$($PY -c "import json; print(json.load(open('$R/probe.json')).get('fuse_flags', ''))" 2>/dev/null || echo "")
+  say "fuse flags from the probe: '${FUSE_FLAGS}'"
 fi
+
+# 2. artifacts
+if [ $MODE = gpu ]; then
+  CKPT=$W/real-ckpt
+  [ -f $CKPT/config.json ] || step checkpoint $PY -m quantize.realsize $CKPT
+  EXPORT_ARGS="--cache-len 4096 --device cuda"
+else
+  CKPT=$W/tiny-ckpt
+  [ -f $CKPT/config.json ] || step checkpoint $PY -m quantize tiny $CKPT --config tiny-a --seed 1
+  EXPORT_ARGS="--cache-len 1536 --prefill-len 1400"
+fi
+PRECISION=fp16; [ $MODE = cpu ] && PRECISION=fp32   # ONNX Runtime's CPU EP has no FP16 GroupQueryAttention
+[ -f $W/fp16/manifest.json ] || step export $PY -m quantize export $CKPT $W/fp16 --precision $PRECISION \
+  --attention gqa --select-on-device $EXPORT_ARGS
+rm -rf $W/fused $W/w8-fused
+step fuse $PY -m quantize fuse $W/fp16 $W/fused --target $TARGET $FUSE_FLAGS
+step w8_fused $PY -m quantize weight-int8 $W/fused $W/w8-fused
+
+# 3. the fused flavours
+bench() { local name=$1 art=$2; shift 2
+  step bench_$name $PY -m edgeocr bench $art --device $DEV --tokens $TOKENS --repeats 2 $GRAPH --image "$IMG" \
+    --json "$R/bench_$name.json" "$@" && $PY - "$R/bench_$name.json" "$name" >> "$OUT/bench.txt" <<'EOF'
+import json, sys
+from edgeocr.bench import BenchResult, format_table
+d = json.load(open(sys.argv[1]))
+print(f"##### {sys.argv[2]}"); print(format_table(BenchResult(**d["edgeocr"]), d.get("transformers"))); print()
+EOF
+}
+profile() { local name=$1 art=$2
+  step profile_$name $PY scripts/gpu_profile.py $art --device $TRACE $PROF_GRAPH --label $name \
+    --json "$R/profile_$name.json" && $PY -c "
+import json; d = json.load(open('$R/profile_$name.json'))
+print('#####', d['label'])
+for s in d['stages']:
+    print(f\"== {s['stage']}: wall {s['wall_ms']:.3f} ms, GPU busy {s['gpu_busy_ms']:.3f} ms, {s['kernels']:.0f} kernels\")
+    for k in s['top']: print(f\"   {k['ms']:8.3f} ms {k['count']:6.1f}x  {k['kernel'][:110]}\")
+print()" >> "$OUT/profile.txt"
+}
+: > "$OUT/bench.txt"; : > "$OUT/profile.txt"
+COMPARE=""; [ $MODE = gpu ] && COMPARE="--compare-transformers $CKPT"
+bench fp16_fused $W/fused $COMPARE
+bench w8_fused $W/w8-fused
+profile fp16_fused $W/fused
+profile w8_fused $W/w8-fused
+for art in fused w8-fused; do
+  for cfg in runtime tuned; do
+    step memory_${art}_$cfg $PY scripts/gpu_perf.py memory $W/$art --config $cfg --device $DEV --tokens $TOKENS \
+      --image "$IMG" --json "$R/memory_${art}_$cfg.json"
+  done
+  step ttft_$art $PY scripts/gpu_perf.py ttft $W/$art "$IMG" --device $DEV --json "$R/ttft_$art.json"
+done
+step memory_w8-fused_conv $PY scripts/gpu_perf.py memory $W/w8-fused --config conv --device $DEV --tokens $TOKENS \
+  --image "$IMG" --json "$R/memory_w8-fused_conv.json"
+
+# 4. before/after in the same session, as time allows
+in_time "unfused FP16 bench" && bench fp16 $W/fp16
+in_time "unfused FP16 profile" && profile fp16 $W/fp16
+in_time "unfused decoder-only weight-INT8" && { rm -rf $W/w8; step w8 $PY -m quantize weight-int8 $W/fp16 $W/w8 \
+  --decoder-only && bench w8 $W/w8; }
+in_time "memory of the unfused FP16" && step memory_fp16_runtime $PY scripts/gpu_perf.py memory $W/fp16 \
+  --config runtime --device $DEV --tokens $TOKENS --image "$IMG" --json "$R/memory_fp16_runtime.json"
+in_time "tokens fused vs unfused" && step tokens $PY - "$R/tokens.json" $DEV $W/fp16 $W/fused $W/w8-fused <<'EOF'
+import json, sys
+from pathlib import Path
+from edgeocr.dataset import load_dir
+from edgeocr.decode import DecodeOptions
+from edgeocr.model import OCRModel
+out, dev, arts = sys.argv[1], sys.argv[2], sys.argv[3:]
+pages = load_dir(Path("calibration_data/eval"))[:2]
+o = DecodeOptions(max_new_tokens=64, ignore_stop=True)
+runs = {a: [OCRModel(a, device=dev).recognize(p.path, task="spotting", options=o).token_ids for p in pages] for a in arts}
+ref = runs[arts[0]]
+res = {a: {"tokens": r, "identical_to_" + Path(arts[0]).name: r == ref,
+           "first_divergence": [next((i for i, (x, y) in enumerate(zip(t, u)) if x != y), None) for t, u in zip(r, ref)]}
+       for a, r in runs.items()}
+json.dump(res, open(out, "w"), indent=1); print({a: v["first_divergence"] for a, v in res.items()})
+EOF
+
+step pack $PY scripts/gpu_perf.py pack "$R" "$OUT/summary.json"
+say "done in $(( $(date +%s) - T0 )) s; results in $OUT"
+ls -la "$OUT" | tee -a "$LOG"

@@ -1,88 +1,142 @@
-"""Where the GPU time goes (issue 7): CUDA kernels of the vision encoder, the prefill and the decode steps of
-an artifact on ONNX Runtime CUDA, captured process-wide with CUPTI (torch.profiler), grouped by kernel.
+"""Where the GPU time goes: CUDA kernels of the vision encoder, the prefill and the decode steps of an artifact on
+ONNX Runtime CUDA, captured process-wide with CUPTI (torch.profiler), grouped by kernel.
 
-    python scripts/gpu_profile.py ARTIFACT [--steps 64] [--cuda-graph]
+    python scripts/gpu_profile.py ARTIFACT [--steps 64] [--cuda-graph] [--json OUT.json] [--label NAME]
+    python scripts/gpu_profile.py ARTIFACT --device cpu [--json OUT.json]     # ORT node counts, no CUDA needed
 
 Per stage: wall time, GPU busy time (sum of kernel durations), kernel count, and the top kernels.  A decode
-step whose busy time is far below its wall time is bound by launches/gaps, not by the kernels.
+step whose busy time is far below its wall time is bound by launches/gaps, not by the kernels.  With
+--device cpu (no GPU, e.g. to check a tiny artifact) each stage reports the nodes ONNX Runtime's CPU provider
+runs after its own graph optimizations (one kernel call each).
 """
 import argparse
+import json
+import sys
+import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
+from pathlib import Path
 
 import numpy as np
-import torch
-from torch.profiler import ProfilerActivity, profile
 
-from edgeocr.cli import _synthetic_page
-from edgeocr.model import OCRModel
+TOP = 12
 
 
-def kernels(prof):
-    out = []
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            out.append((e.name, e.device_time))   # microseconds
-    return out
-
-
-def report(stage, ks, wall_ms, per=1):
-    busy = sum(d for _, d in ks) / 1e3
+def _summary(stage: str, ks: list[tuple[str, float]], wall_ms: float, per: int = 1) -> dict:
+    """ks: (kernel name, duration us) over `per` repetitions of the stage."""
     by = defaultdict(lambda: [0, 0.0])
     for n, d in ks:
         by[n][0] += 1
         by[n][1] += d / 1e3
-    print(f"== {stage}: wall {wall_ms / per:.3f} ms, GPU busy {busy / per:.3f} ms, {len(ks) / per:.0f} kernels"
+    top = sorted(by.items(), key=lambda kv: -kv[1][1])[:TOP]
+    return {"stage": stage, "repetitions": per, "wall_ms": wall_ms / per,
+            "gpu_busy_ms": sum(d for _, d in ks) / 1e3 / per, "kernels": len(ks) / per,
+            "memcpy": sum(1 for n, _ in ks if n.startswith("Memcpy") or "memcpy" in n) / per,
+            "top": [{"ms": t / per, "count": c / per, "kernel": n[:160]} for n, (c, t) in top]}
+
+
+def _print(s: dict) -> None:
+    per = s["repetitions"]
+    print(f"== {s['stage']}: wall {s['wall_ms']:.3f} ms, GPU busy {s['gpu_busy_ms']:.3f} ms, {s['kernels']:.0f} kernels"
           + (f" (per step, {per} steps)" if per > 1 else ""))
-    for n, (c, t) in sorted(by.items(), key=lambda kv: -kv[1][1])[:12]:
-        print(f"   {t / per:8.3f} ms {c / per:6.1f}x  {n[:110]}")
+    for k in s["top"]:
+        print(f"   {k['ms']:8.3f} ms {k['count']:6.1f}x  {k['kernel'][:110]}")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("artifact")
-    ap.add_argument("--steps", type=int, default=64)
-    ap.add_argument("--cuda-graph", action="store_true")
-    a = ap.parse_args()
-    m = OCRModel(a.artifact, device="cuda", cuda_graph=a.cuda_graph)
+def profile_cuda(artifact: str, steps: int, cuda_graph: bool) -> list[dict]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from edgeocr.bench import synthetic_page
+    from edgeocr.model import OCRModel
+
+    m = OCRModel(artifact, device="cuda", cuda_graph=cuda_graph)
     s = m.session
-    prep = m.prepare(_synthetic_page())
+    prep = m.prepare(synthetic_page())
     ids = m.prompt_ids(m.instruction("spotting", None)[0])
     cos, sin = m.rope_tables(ids)
-
-    penalty = m.manifest.decode.get("repetition_penalty", 1.08)
+    penalty = m.artifact.repetition_penalty
+    n = s.slots
+    toks, pos, live = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
+    live[0] = True                                  # one page in slot 0 (the others ride along idle)
 
     def begin():                                    # once per request, outside the profiles
         if s.selects:
-            s.begin(ids, penalty)
+            s.begin(0, ids, penalty)
 
-    def decode(n):
-        tok = s.first_token if s.selects else 1
-        for k in range(n):
-            pos = len(ids) + k
-            tok = s.step_token(tok, pos, m.table_cos[pos], m.table_sin[pos]) if s.selects else \
-                int(np.argmax(s.step(tok, pos, m.table_cos[pos], m.table_sin[pos])))
+    def prefill():
+        toks[0] = s.prefill_token(0, ids, cos, sin) if s.selects else int(np.argmax(s.prefill(0, ids, cos, sin)))
+
+    def decode(steps):
+        for k in range(steps):
+            pos[0] = len(ids) + k
+            c, si = m.table_cos[pos], m.table_sin[pos]
+            nxt = s.step_tokens(toks, pos, c, si, live) if s.selects else s.step(toks, pos, c, si, live).argmax(-1)
+            toks[0] = nxt[0]
 
     def profiled(fn):
-        """(CUDA kernels, wall ms) of fn()."""
+        """(CUDA kernels [(name, us)], wall ms) of fn()."""
         with profile(activities=[ProfilerActivity.CUDA]) as p:
             t = time.perf_counter()
             fn()
             torch.cuda.synchronize()
             wall = (time.perf_counter() - t) * 1e3
-        return kernels(p), wall
+        return [(e.name, e.device_time) for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA], wall
 
-    s.encode_image(prep.pixels, fetch=False)        # warm-up (and graph capture)
+    s.encode_image(prep.pixels)                     # warm-up (and graph capture)
     begin()
-    s.prefill(ids, cos, sin)
+    prefill()
     decode(8)
     torch.cuda.synchronize()
-    report("vision", *profiled(lambda: s.encode_image(prep.pixels, fetch=False)))
+    out = [_summary("vision", *profiled(lambda: s.encode_image(prep.pixels)))]
     begin()
-    report(f"prefill ({len(ids)} tokens)", *profiled(lambda: s.prefill(ids, cos, sin)))
-    ks, wall = profiled(lambda: decode(a.steps))
-    report("decode", ks, wall, per=a.steps)
+    out.append(_summary(f"prefill ({len(ids)} tokens)", *profiled(prefill)))
+    ks, wall = profiled(lambda: decode(steps))
+    out.append(_summary("decode", ks, wall, per=steps))
+    return out
+
+
+def profile_cpu(artifact: str) -> list[dict]:
+    """Nodes ONNX Runtime's CPU provider runs per vision call and per decoder call, after its optimizations."""
+    import onnx
+    import onnxruntime as ort
+
+    from edgeocr.artifact import read as read_manifest
+
+    m = read_manifest(Path(artifact))
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for stage, graph in (("vision", "vision"), ("decode (per step, all nodes)", "decoder")):
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            so.optimized_model_filepath = str(Path(tmp) / f"{graph}.onnx")
+            so.log_severity_level = 3
+            ort.InferenceSession(str(Path(artifact) / getattr(m, graph).file), so, providers=["CPUExecutionProvider"])
+            nodes = Counter(n.op_type for n in onnx.load(so.optimized_model_filepath, load_external_data=False).graph.node)
+            out.append({"stage": stage, "repetitions": 1, "wall_ms": 0.0, "gpu_busy_ms": 0.0,
+                        "kernels": sum(nodes.values()), "memcpy": 0,
+                        "top": [{"ms": 0.0, "count": c, "kernel": op} for op, c in nodes.most_common(TOP)]})
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("artifact")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--cuda-graph", action="store_true")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    ap.add_argument("--json", help="also write the summary here")
+    ap.add_argument("--label", default="", help="name of this artifact in the JSON")
+    a = ap.parse_args()
+    stages = profile_cuda(a.artifact, a.steps, a.cuda_graph) if a.device == "cuda" else profile_cpu(a.artifact)
+    print(f"##### {a.label or a.artifact}")
+    for s in stages:
+        _print(s)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"label": a.label, "artifact": a.artifact, "device": a.device,
+                                            "cuda_graph": a.cuda_graph, "stages": stages}, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

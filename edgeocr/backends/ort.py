@@ -108,6 +108,9 @@ class OrtSession:
         return bool(cuda_graph)
 
     def _providers(self, ort, device: str):
+        if self.art.export.get("fusion", {}).get("cuda_only_ops") and device != "cuda":
+            raise BackendError("this artifact was fused for ONNX Runtime's CUDA provider; fuse the exported "
+                               "artifact with `python -m quantize fuse --target portable` to run it here")
         if device == "cpu":
             return ["CPUExecutionProvider"], ["CPUExecutionProvider"]
         if device != "cuda":
@@ -119,10 +122,10 @@ class OrtSession:
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             raise BackendError("CUDAExecutionProvider is not available in this onnxruntime "
                                f"(providers: {ort.get_available_providers()}); pip install 'edgeocr[cuda]'")
-        # TF32 would change FP32 numerics by ~1e-3 relative: FP32 artifacts stay exact.  The arena grows by
-        # what is asked, not in powers of two (device memory is the scarce thing on Orin).
-        cuda = {"device_id": 0, "use_tf32": 0 if self.art.precision == "fp32" else 1,
-                "arena_extend_strategy": "kSameAsRequested"}
+        # TF32 off for FP32 artifacts (exact numerics), the arena grown by what is asked, no maximal cuDNN
+        # workspace: edgeocr.ort_options
+        from edgeocr.ort_options import cuda_provider_options
+        cuda = cuda_provider_options(self.art.precision)
         providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
         if not self.cuda_graph:
             return providers, providers
@@ -208,9 +211,13 @@ class OrtSession:
         pass
 
     # ------------------------------------------------------------ the seam
-    def encode_image(self, pixels: np.ndarray) -> None:
-        """pixels [1, 3, S, S] float32 -> image embeddings, kept on the device for the next prefill."""
-        self.vision_binding.bind_cpu_input("pixels", np.ascontiguousarray(pixels, np.float32))
+    def encode_image(self, pixels) -> None:
+        """pixels [1, 3, S, S] float32 -> image embeddings, kept on the device for the next prefill.  pixels:
+        a host array, or an OrtValue already on the device (edgeocr.preprocess_graph.DevicePreprocessor)."""
+        if isinstance(pixels, self._ort.OrtValue):
+            self.vision_binding.bind_ortvalue_input("pixels", pixels)
+        else:
+            self.vision_binding.bind_cpu_input("pixels", np.ascontiguousarray(pixels, np.float32))
         self.vision.run_with_iobinding(self.vision_binding)
 
     def image_embeds(self) -> np.ndarray:

@@ -1,0 +1,45 @@
+"""ONNX Runtime CUDA settings that keep device memory to what the model needs.
+
+The CUDA execution provider's defaults are made for throughput on a large GPU: cuDNN may take the largest
+workspace it wants for each convolution (and searches every algorithm with it), and each session keeps its
+own memory arena at its peak.  Here the vision graph's activations (4,096 patches) are the peak and they are
+needed once per page, while the decoder runs for hundreds of steps after them.  These functions give the
+settings the runtime's ONNX Runtime session uses on CUDA; docs/perf.md has the measured breakdown.
+
+- `cuda_provider_options`: arena grown by what is asked (not in powers of two), heuristic cuDNN algorithm
+  choice without the maximal workspace, TF32 off for FP32 artifacts (exact FP32 numerics).
+- `share_arena`: one arena for the vision and decoder sessions (what the vision graph freed serves the
+  prefill), instead of two that each keep their peak.
+- `vision_run_options`: return the arena's free chunks to the device after each vision call.
+"""
+
+from __future__ import annotations
+
+
+def cuda_provider_options(precision: str, device_id: int = 0, conv_workspace: bool = False) -> dict:
+    """CUDAExecutionProvider options for an artifact of `precision` ("fp32", "fp16", "int8-weights", ...)."""
+    opts = {"device_id": device_id,
+            "use_tf32": 0 if precision == "fp32" else 1,           # TF32 would change FP32 results by ~1e-3
+            "arena_extend_strategy": "kSameAsRequested"}           # grow by the request, not to the next power of 2
+    if not conv_workspace:
+        opts.update({"cudnn_conv_algo_search": "HEURISTIC",       # no trial of every algorithm at load
+                     "cudnn_conv_use_max_workspace": "0"})         # no GB-sized workspace for the patch convs
+    return opts
+
+
+def share_arena(ort, session_options, device_id: int = 0) -> None:
+    """Register one CUDA arena with ONNX Runtime's environment (once per process) and make the sessions created
+    with `session_options` allocate from it."""
+    if not getattr(share_arena, "_registered", False):
+        mem = ort.OrtMemoryInfo("Cuda", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, device_id, ort.OrtMemType.DEFAULT)
+        arena = ort.OrtArenaCfg({"arena_extend_strategy": 1})               # kSameAsRequested
+        ort.create_and_register_allocator_v2("CUDAExecutionProvider", mem, {"device_id": str(device_id)}, arena)
+        share_arena._registered = True
+    session_options.add_session_config_entry("session.use_env_allocators", "1")
+
+
+def vision_run_options(ort, device_id: int = 0):
+    """RunOptions for the vision graph: after the call, the arena hands its unused chunks back to the device."""
+    ro = ort.RunOptions()
+    ro.add_run_config_entry("memory.enable_memory_arena_shrinkage", f"gpu:{device_id}")
+    return ro

@@ -1,0 +1,660 @@
+"""Post-export fusions for ONNX Runtime: fewer, larger kernels per decode step and per vision call.
+
+    python -m quantize.fuse ARTIFACT OUT [--target cuda|portable] [--no-swiglu] [--no-gqa-qk-norm]
+
+A decode step of the 0.5B decoder does little arithmetic: on a large GPU it is bound by how many small
+kernels run one after another (about 30 per layer as exported), not by the bytes it reads.  These passes
+rewrite an exported artifact's graphs into fewer, fused ONNX Runtime ops.  Inputs and outputs keep their
+names, shapes and dtypes, so the runtime binds a fused artifact exactly like the unfused one.
+
+target "portable" (ops every ONNX Runtime execution provider implements, CPU included):
+  rms_norm         [Cast] Pow ReduceMean Add Sqrt Div Mul [Cast] Mul(w) -> SimplifiedLayerNormalization
+  skip_rms_norm    residual Add + SimplifiedLayerNormalization -> SkipSimplifiedLayerNormalization
+                   (onnxruntime.transformers' FusionSkipLayerNormalization)
+  layer_norm_fp16  Cast(fp32) LayerNormalization Cast(fp16) -> LayerNormalization on fp16 (fp32 statistics)
+  skip_layer_norm  residual Add + LayerNormalization -> SkipLayerNormalization (FusionSkipLayerNormalization)
+  skip_norm_bias   the projection's bias Add in front of a Skip*LayerNormalization -> its bias input
+  gelu, bias_gelu  erf GELU -> Gelu; projection bias Add + Gelu -> BiasGelu (FusionGelu, FusionBiasGelu)
+  attention_bias   q|k|v bias Add before the Split -> MultiHeadAttention's bias input
+  lm_head          Transpose MatMul(W) Transpose over the tied embedding -> Gemm(x, W, transB=1)
+target "cuda" adds ops that only ONNX Runtime's CUDA execution provider implements (the CPU provider
+rejects them at load):
+  gqa_qk_norm      q|k|v stays one packed tensor (no Split): RoPE runs over all heads with cos/sin tables that
+                   leave the value heads unchanged, and the Q/K RMSNorm runs inside GroupQueryAttention
+                   (its q_norm_weight / k_norm_weight prologue, applied after our RoPE as the model requires)
+  swiglu           Slice Slice Sigmoid Mul Mul over the fused gate|up projection -> SwiGLU (one kernel)
+`portable_equivalent` rewrites the cuda-only ops back into portable ones (the reference the tests check
+the cuda target against, and a way to run a cuda-fused graph on a CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, replace, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgeocr import artifact as af
+from edgeocr.errors import EdgeOCRError
+
+log = logging.getLogger("edgeocr.quantize")
+
+FUSION_VERSION = 1
+TARGETS = ("portable", "cuda")
+MS = "com.microsoft"
+_FLOAT, _FLOAT16 = 1, 10            # onnx.TensorProto element types
+
+
+@dataclass(frozen=True)
+class FuseOptions:
+    target: str = "cuda"            # "portable" (every ONNX Runtime EP) or "cuda" (adds CUDA-EP-only ops)
+    swiglu: bool = True             # cuda: SwiGLU for the MLP gate (off where the runtime's CUDA EP lacks it)
+    gqa_qk_norm: bool = True        # cuda: packed q|k|v, Q/K RMSNorm inside GroupQueryAttention
+    attention_bias: bool = True     # vision: q|k|v bias into MultiHeadAttention (its bias input)
+
+    def validate(self) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"fusion target must be one of {TARGETS}, not {self.target!r}")
+
+
+# --------------------------------------------------------------------------------------------- helpers
+def _onnx_model(model):
+    """onnxruntime.transformers' OnnxModel around a ModelProto (its fusion classes import each other by bare
+    module name, so the package directory has to be importable)."""
+    try:
+        import onnxruntime.transformers  # noqa: F401  (puts its directory on sys.path)
+        from onnx_model import OnnxModel
+    except ImportError as e:
+        raise ValueError(f"graph fusion needs onnxruntime's transformers tools ({e}): pip install onnxruntime") from None
+    return OnnxModel(model)
+
+
+def op_counts(model) -> dict[str, int]:
+    """{op_type: count} of a ModelProto's main graph (Constant nodes included)."""
+    return dict(sorted(Counter(n.op_type for n in model.graph.node).items()))
+
+
+def constants_to_initializers(model) -> int:
+    """Constant nodes -> initializers of the same name (patterns then see one kind of constant)."""
+    from onnx import numpy_helper
+
+    keep, n = [], 0
+    for node in model.graph.node:
+        attr = {a.name: a for a in node.attribute}
+        if node.op_type == "Constant" and not node.domain and "value" in attr:
+            t = numpy_helper.from_array(numpy_helper.to_array(attr["value"].t), node.output[0])
+            model.graph.initializer.append(t)
+            n += 1
+        else:
+            keep.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    return n
+
+
+def fold_identities(model) -> int:
+    """Identity nodes (the exporter's way of sharing one initializer between equal weights, e.g. norm weights
+    that are all ones) -> their consumers read the source directly."""
+    outputs = {o.name for o in model.graph.output}
+    alias = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Identity" and n.output[0] not in outputs}
+    if not alias:
+        return 0
+    keep = [n for n in model.graph.node if not (n.op_type == "Identity" and n.output[0] in alias)]
+    for n in keep:
+        for i, x in enumerate(n.input):
+            while x in alias:
+                x = alias[x]
+            n.input[i] = x
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+    return len(alias)
+
+
+def _const(om, name: str):
+    """Value of an initializer, or None."""
+    from onnx import numpy_helper
+
+    t = om.get_initializer(name) if name else None
+    return None if t is None else numpy_helper.to_array(t)
+
+
+def _is_scalar(om, name: str, value: float, tol: float = 1e-6) -> bool:
+    v = _const(om, name)
+    return v is not None and v.size == 1 and abs(float(v.reshape(-1)[0]) - value) <= tol
+
+
+def _attr(node, name: str, default=None):
+    from onnx import helper
+
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+# ops ONNX Runtime registers in the default ONNX domain that onnx's checker has no schema for
+ORT_ONNX_DOMAIN_OPS = ("SimplifiedLayerNormalization",)
+
+
+def save_graph(model, path: Path) -> None:
+    """quantize.export's save (weights in `<name>.data` beside the graph), with onnx's checker run only where
+    it knows every default-domain op: it has no schema for ONNX Runtime's SimplifiedLayerNormalization."""
+    import onnx
+
+    from quantize.export import IR_VERSION
+
+    model.ir_version = IR_VERSION
+    data = path.name + ".data"
+    for p in (path, path.with_name(data)):
+        if p.exists():
+            p.unlink()
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data,
+                    size_threshold=1024)
+    if not any(n.op_type in ORT_ONNX_DOMAIN_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        onnx.checker.check_model(str(path))
+
+
+def _opset(model) -> int:
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _parent(out2node: dict, name: str, op_type: str | None = None):
+    node = out2node.get(name)
+    return node if node is not None and (op_type is None or node.op_type == op_type) else None
+
+
+def _init(om, array: np.ndarray, name: str) -> str:
+    from onnx import numpy_helper
+
+    if om.get_initializer(name) is None:
+        om.add_initializer(numpy_helper.from_array(np.ascontiguousarray(array), name))
+    return name
+
+
+def _finish(om) -> None:
+    """Drop what no output needs, then order the nodes."""
+    om.prune_graph(allow_remove_graph_inputs=False)
+    om.topological_sort()
+
+
+# --------------------------------------------------------------------------------------------- portable passes
+def fuse_rms_norms(om) -> int:
+    """x -> [Cast fp32] -> Pow(2) -> ReduceMean(-1) -> Add(eps) -> Sqrt -> Div(1, .) -> Mul(x, .) -> [Cast] ->
+    Mul(w) becomes SimplifiedLayerNormalization(x, w) (statistics in fp32, stash_type 1).  The casts are the
+    export's fp32-statistics wrapper around an fp16 norm; the fused op computes in fp32 whatever its input."""
+    from onnx import helper
+
+    out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
+    n = 0
+    for mul_w in list(om.get_nodes_by_op_type("Mul")):
+        w_at = [i for i, x in enumerate(mul_w.input) if (v := _const(om, x)) is not None and v.ndim == 1]
+        if len(w_at) != 1:
+            continue
+        norm_in = mul_w.input[1 - w_at[0]]
+        cast_out = _parent(out2node, norm_in, "Cast")
+        mul_x = _parent(out2node, cast_out.input[0] if cast_out else norm_in, "Mul")
+        if mul_x is None:
+            continue
+        div = next((p for i in (0, 1) if (p := _parent(out2node, mul_x.input[i], "Div"))), None)
+        if div is None or not _is_scalar(om, div.input[0], 1.0):
+            continue
+        xf = mul_x.input[1] if mul_x.input[0] == div.output[0] else mul_x.input[0]
+        sqrt = _parent(out2node, div.input[1], "Sqrt")
+        add = sqrt and _parent(out2node, sqrt.input[0], "Add")
+        if not add:
+            continue
+        rm = next((p for i in (0, 1) if (p := _parent(out2node, add.input[i], "ReduceMean"))), None)
+        eps = _const(om, add.input[1] if rm and add.input[0] == rm.output[0] else add.input[0])
+        pow_ = rm and _parent(out2node, rm.input[0], "Pow")
+        if not pow_ or pow_.input[0] != xf or not _is_scalar(om, pow_.input[1], 2.0) or eps is None or eps.size != 1:
+            continue
+        axes = _attr(rm, "axes") or (list(_const(om, rm.input[1])) if len(rm.input) > 1 else None)
+        if list(axes or []) != [-1] or _attr(rm, "keepdims", 1) != 1:
+            continue
+        cast_in = _parent(out2node, xf, "Cast")
+        w_type = om.get_initializer(mul_w.input[w_at[0]]).data_type
+        if cast_out is not None and cast_in is None:    # fp32 graph: only the no-op cast back was exported
+            if w_type != _FLOAT or _attr(cast_out, "to") != _FLOAT:
+                continue
+            x = xf
+        elif cast_out is not None:      # fp32-statistics wrapper: both casts go, the op reads x itself
+            if _attr(cast_in, "to") != _FLOAT or _attr(cast_out, "to") != w_type:
+                continue
+            x = cast_in.input[0]
+        else:
+            x = xf
+        pattern = [mul_w, mul_x, div, sqrt, add, rm, pow_] + ([cast_out] if cast_out is not None else [])
+        if cast_out is not None and cast_in is not None and \
+                {id(u) for u in in2nodes.get(xf, [])} <= {id(pow_), id(mul_x)}:
+            pattern.append(cast_in)         # else the cast stays for its other readers (an fp32 residual)
+        if not om.is_safe_to_fuse_nodes(pattern, [mul_w.output[0]], in2nodes, out2node):
+            continue
+        om.remove_nodes(pattern)
+        om.add_node(helper.make_node("SimplifiedLayerNormalization", [x, mul_w.input[w_at[0]]], [mul_w.output[0]],
+                                     name=mul_w.name + "_rms_norm", axis=-1, epsilon=float(eps.reshape(-1)[0]),
+                                     stash_type=1))
+        n += 1
+        out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
+    return n
+
+
+def fuse_skip_norms(om, simplified: bool) -> int:
+    """Residual Add + (Simplified)LayerNormalization -> Skip(Simplified)LayerNormalization, the Add's sum kept as
+    the op's fourth output where the residual stream goes on.  onnxruntime.transformers' fusion, without its
+    symbolic shape inference: every residual Add here adds two activations of one shape (an Add with a
+    constant operand, such as the vision position table, is never fused)."""
+    from fusion_skiplayernorm import FusionSkipLayerNormalization
+
+    op = "SkipSimplifiedLayerNormalization" if simplified else "SkipLayerNormalization"
+    before = len(om.get_nodes_by_op_type(op))
+    FusionSkipLayerNormalization(om, op, "SimplifiedLayerNormalization" if simplified else "LayerNormalization",
+                                 shape_infer=False).apply()
+    return len(om.get_nodes_by_op_type(op)) - before
+
+
+def fold_skip_norm_bias(om) -> int:
+    """A projection's bias Add feeding either input of Skip(Simplified)LayerNormalization -> the op's bias input.
+    (onnxruntime.transformers' FusionBiasSkipLayerNormalization covers SkipLayerNormalization only, and only
+    when the first Add it meets is the biased one: it misses the first layer, whose residual is an Add too.)"""
+    out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
+    n = 0
+    for node in om.get_nodes_by_op_type("SkipLayerNormalization") + om.get_nodes_by_op_type(
+            "SkipSimplifiedLayerNormalization"):
+        bias_slot = 4 if node.op_type == "SkipLayerNormalization" else 3
+        if len(node.input) > bias_slot and node.input[bias_slot]:
+            continue
+        for i in (0, 1):
+            add = _parent(out2node, node.input[i], "Add")
+            if add is None or len(in2nodes.get(add.output[0], [])) != 1:
+                continue
+            b_at = [j for j, x in enumerate(add.input) if (v := _const(om, x)) is not None and v.ndim == 1]
+            if len(b_at) != 1 or _parent(out2node, add.input[1 - b_at[0]], "MatMul") is None:
+                continue
+            while len(node.input) < bias_slot:
+                node.input.append("")
+            node.input[i] = add.input[1 - b_at[0]]
+            node.input.append(add.input[b_at[0]])
+            om.remove_node(add)
+            n += 1
+            break
+    return n
+
+
+def fold_layer_norm_casts(om) -> int:
+    """Cast(-> fp32) -> LayerNormalization(fp32 weights) -> Cast(-> T) becomes one LayerNormalization on the
+    T tensor with T weights (for fp16 exactly the exported fp16 parameters) and fp32 statistics (stash_type 1):
+    two cast kernels fewer, and a SkipLayerNormalization can take its place."""
+    from onnx import helper
+
+    out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
+    n = 0
+    for ln in list(om.get_nodes_by_op_type("LayerNormalization")):
+        c1 = _parent(out2node, ln.input[0], "Cast")
+        users = in2nodes.get(ln.output[0], [])
+        if c1 is None or _attr(c1, "to") != _FLOAT or len(users) != 1 or users[0].op_type != "Cast" \
+                or _attr(users[0], "to") not in (_FLOAT, _FLOAT16) or len(ln.input) != 3:
+            continue
+        w, b = _const(om, ln.input[1]), _const(om, ln.input[2])
+        if w is None or b is None:
+            continue
+        c2 = users[0]
+        dt, tag = (np.float16, "_fp16") if _attr(c2, "to") == _FLOAT16 else (np.float32, "")
+        wt = _init(om, w.astype(dt), ln.input[1] + tag)
+        bt = _init(om, b.astype(dt), ln.input[2] + tag)
+        om.remove_nodes([ln, c2])
+        om.add_node(helper.make_node("LayerNormalization", [c1.input[0], wt, bt], [c2.output[0]], name=ln.name,
+                                     axis=_attr(ln, "axis", -1), epsilon=_attr(ln, "epsilon", 1e-5), stash_type=1))
+        n += 1
+        out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
+    return n
+
+
+def fuse_gelu(om) -> tuple[int, int]:
+    """erf GELU -> Gelu, then the projection's bias Add + Gelu -> BiasGelu (onnxruntime.transformers' fusions)."""
+    from fusion_biasgelu import FusionBiasGelu
+    from fusion_gelu import FusionGelu
+
+    FusionGelu(om).apply()
+    gelu = len(om.get_nodes_by_op_type("Gelu"))
+    FusionBiasGelu(om, is_fastgelu=False).apply()
+    return gelu, len(om.get_nodes_by_op_type("BiasGelu"))
+
+
+def fold_attention_bias(om) -> int:
+    """MatMul -> Add(bias[3C]) -> Split(3) -> MultiHeadAttention(q, k, v) becomes MatMul -> Split ->
+    MultiHeadAttention(q, k, v, bias): the op adds the bias where it reads q, k and v."""
+    out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
+    n = 0
+    for mha in om.get_nodes_by_op_type("MultiHeadAttention"):
+        if len(mha.input) != 3 or not all(mha.input):
+            continue
+        split = _parent(out2node, mha.input[0], "Split")
+        if split is None or list(split.output) != list(mha.input):
+            continue
+        add = _parent(out2node, split.input[0], "Add")
+        if add is None or len(in2nodes.get(add.output[0], [])) != 1:
+            continue
+        bias_at = [i for i, x in enumerate(add.input) if (v := _const(om, x)) is not None and v.ndim == 1]
+        if len(bias_at) != 1 or _parent(out2node, add.input[1 - bias_at[0]], "MatMul") is None:
+            continue
+        split.input[0] = add.input[1 - bias_at[0]]
+        mha.input.append(add.input[bias_at[0]])
+        om.remove_node(add)
+        n += 1
+    return n
+
+
+def fuse_lm_head(om) -> int:
+    """Transpose(x) -> MatMul(W[V, H], .) -> Transpose, how the export computes the tied lm_head without a
+    transposed copy of the embedding table, becomes one Gemm(x, W, transB=1): two transpose kernels fewer."""
+    from onnx import helper
+
+    out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
+    n = 0
+    for mm in list(om.get_nodes_by_op_type("MatMul")):
+        w = _const(om, mm.input[0])
+        t_in = _parent(out2node, mm.input[1], "Transpose")
+        users = in2nodes.get(mm.output[0], [])
+        if w is None or w.ndim != 2 or t_in is None or len(users) != 1 or users[0].op_type != "Transpose":
+            continue
+        t_out = users[0]
+        if _attr(t_in, "perm") != [1, 0] or _attr(t_out, "perm") != [1, 0]:
+            continue
+        om.remove_nodes([mm, t_out] + ([t_in] if len(in2nodes.get(t_in.output[0], [])) == 1 else []))
+        om.add_node(helper.make_node("Gemm", [t_in.input[0], mm.input[0]], [t_out.output[0]], name=mm.name + "_gemm",
+                                     transB=1))
+        n += 1
+        out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
+    return n
+
+
+# --------------------------------------------------------------------------------------------- cuda passes
+def _packed_rope_tables(om, cos: str, sin: str, heads: int, rotated: int, dtype, cache: dict) -> tuple[str, str]:
+    """cos/sin [1, S, 1, D] -> [1, S, heads, D] tables that rotate the first `rotated` heads and leave the rest
+    (the value heads) as they are: cos 1, sin 0.  Built once per graph run, shared by every layer."""
+    from onnx import helper
+
+    if (cos, sin) in cache:
+        return cache[(cos, sin)]
+    mask = np.zeros((1, 1, heads, 1), dtype)
+    mask[:, :, :rotated] = 1
+    m = _init(om, mask, f"rope_rotated_heads_{heads}_{rotated}")
+    keep = _init(om, (1 - mask).astype(dtype), f"rope_kept_heads_{heads}_{rotated}")
+    tag = f"packed_rope_{len(cache)}"
+    om.add_node(helper.make_node("Mul", [cos, m], [tag + "_cos_rotated"], name=tag + "_cos_mul"))
+    om.add_node(helper.make_node("Add", [tag + "_cos_rotated", keep], [tag + "_cos"], name=tag + "_cos_add"))
+    om.add_node(helper.make_node("Mul", [sin, m], [tag + "_sin"], name=tag + "_sin_mul"))
+    cache[(cos, sin)] = (tag + "_cos", tag + "_sin")
+    return cache[(cos, sin)]
+
+
+def pack_gqa_qk_norm(om) -> int:
+    """Per layer, as exported:  MatMul(qkv) -> Split(q|k, v) -> Reshape -> RoPE (Mul cos, MatMul R, Mul sin, Add)
+    -> Split(q, k) -> SimplifiedLayerNormalization(qn) / (kn) -> Reshape -> GroupQueryAttention(q, k, v).
+    Becomes:  MatMul(qkv) -> Reshape [1, S, H+2KVH, D] -> RoPE with packed tables -> Reshape ->
+    GroupQueryAttention(packed qkv, q_norm_weight=qn, k_norm_weight=kn): both Splits, both norms and their
+    reshapes gone.  The op normalizes q and k per head before its own (unused) rotary, i.e. after ours."""
+    from onnx import helper
+
+    out2node = om.output_name_to_node()
+    tables: dict = {}
+    n = 0
+    for gqa in list(om.get_nodes_by_op_type("GroupQueryAttention")):
+        if len(gqa.input) < 7 or not gqa.input[1] or not gqa.input[2]:
+            continue
+        nq, kvh = _attr(gqa, "num_heads"), _attr(gqa, "kv_num_heads")
+        rq, rk = _parent(out2node, gqa.input[0], "Reshape"), _parent(out2node, gqa.input[1], "Reshape")
+        sq = rq and _parent(out2node, rq.input[0], "SimplifiedLayerNormalization")
+        sk = rk and _parent(out2node, rk.input[0], "SimplifiedLayerNormalization")
+        split_qk = sq and sk and _parent(out2node, sq.input[0], "Split")
+        if not split_qk or list(split_qk.output) != [sq.input[0], sk.input[0]]:
+            continue
+        eps = _attr(sq, "epsilon", 1e-5)
+        if abs(_attr(sk, "epsilon", 1e-5) - eps) > 1e-12:
+            continue
+        add = _parent(out2node, split_qk.input[0], "Add")
+        muls = [_parent(out2node, x, "Mul") for x in add.input] if add else []
+        if len(muls) != 2 or not all(muls):
+            continue
+        rot = next((m for m in muls if _parent(out2node, m.input[0], "MatMul")), None)
+        plain = muls[1] if rot is muls[0] else muls[0]
+        mm_r = rot and _parent(out2node, rot.input[0], "MatMul")
+        if not mm_r or plain.input[0] != mm_r.input[0] or _const(om, mm_r.input[1]) is None:
+            continue
+        x4 = _parent(out2node, plain.input[0], "Reshape")
+        split_qkv = x4 and _parent(out2node, x4.input[0], "Split")
+        if not split_qkv or split_qkv.output[0] != x4.input[0] or split_qkv.output[1] != gqa.input[2]:
+            continue
+        qkv = split_qkv.input[0]
+        rmat = _const(om, mm_r.input[1])
+        d = rmat.shape[0]
+        heads = nq + 2 * kvh
+        cos, sin = _packed_rope_tables(om, plain.input[1], rot.input[1], heads, nq + kvh, rmat.dtype, tables)
+        tag = gqa.name + "_packed"
+        shape4 = _init(om, np.array([1, -1, heads, d], np.int64), f"packed_qkv_shape4_{heads}_{d}")
+        shape3 = _init(om, np.array([1, -1, heads * d], np.int64), f"packed_qkv_shape3_{heads}_{d}")
+        nodes = [helper.make_node("Reshape", [qkv, shape4], [tag + "_4d"], name=tag + "_reshape4"),
+                 helper.make_node("Mul", [tag + "_4d", cos], [tag + "_cos"], name=tag + "_rope_cos"),
+                 helper.make_node("MatMul", [tag + "_4d", mm_r.input[1]], [tag + "_rot"], name=tag + "_rope_rot"),
+                 helper.make_node("Mul", [tag + "_rot", sin], [tag + "_sin"], name=tag + "_rope_sin"),
+                 helper.make_node("Add", [tag + "_cos", tag + "_sin"], [tag + "_roped"], name=tag + "_rope_add"),
+                 helper.make_node("Reshape", [tag + "_roped", shape3], [tag + "_qkv"], name=tag + "_reshape3")]
+        inputs = [tag + "_qkv", "", "", *gqa.input[3:7]] + [""] * 7 + [sq.input[1], sk.input[1]]
+        attrs = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
+        attrs["qk_norm_epsilon"] = float(eps)
+        new = helper.make_node("GroupQueryAttention", inputs, list(gqa.output), name=gqa.name, domain=MS, **attrs)
+        om.remove_node(gqa)
+        om.add_nodes(nodes + [new])
+        n += 1
+    return n
+
+
+def fuse_swiglu(om) -> int:
+    """gate|up MatMul -> Slice(first half), Slice(second half) -> Mul(g, Sigmoid(g)) -> Mul(., up) becomes
+    SwiGLU(gate|up) (com.microsoft, `up` omitted: the op splits the halves itself), rounding silu(g) to the
+    compute dtype before the product as the exported Mul does (round_activation 1)."""
+    from onnx import helper
+
+    out2node = om.output_name_to_node()
+    n = 0
+    for mul in list(om.get_nodes_by_op_type("Mul")):
+        for i in (0, 1):
+            act = _parent(out2node, mul.input[i], "Mul")
+            s_up = _parent(out2node, mul.input[1 - i], "Slice")
+            if act is None or s_up is None:
+                continue
+            sig = next((p for j in (0, 1) if (p := _parent(out2node, act.input[j], "Sigmoid"))), None)
+            g = sig and (act.input[1] if act.input[0] == sig.output[0] else act.input[0])
+            s_g = g and _parent(out2node, g, "Slice")
+            if not s_g or sig.input[0] != g or s_g.input[0] != s_up.input[0] or len(s_g.input) < 4:
+                continue
+            if not _is_scalar(om, s_g.input[1], 0) or s_g.input[2] != s_up.input[1] or s_g.input[3] != s_up.input[3]:
+                continue
+            axes = _const(om, s_g.input[3])
+            mm = _parent(out2node, s_g.input[0], "MatMul")
+            w = mm and _const(om, mm.input[1])
+            if axes is None or int(axes.reshape(-1)[0]) not in (-1, 2) or w is None or w.shape[-1] % 2:
+                continue
+            om.remove_node(mul)
+            om.add_node(helper.make_node("SwiGLU", [s_g.input[0]], [mul.output[0]], name=mul.name + "_swiglu",
+                                         domain=MS, activation_alpha=1.0, activation_beta=0.0, limit=0.0,
+                                         round_activation=1))
+            n += 1
+            break
+    return n
+
+
+def portable_equivalent(model):
+    """The cuda-only ops of a fused graph rewritten with portable ones, in place: SwiGLU -> Split, Sigmoid, Mul,
+    Mul; packed GroupQueryAttention with Q/K-norm weights -> Split, per-head SimplifiedLayerNormalization,
+    GroupQueryAttention(q, k, v).  Follows the ops' documented semantics; returns the number rewritten."""
+    from onnx import helper
+
+    om = _onnx_model(model)
+    n = 0
+    for sw in list(om.get_nodes_by_op_type("SwiGLU")):
+        t = sw.name
+        halves = {"num_outputs": 2} if _opset(model) >= 18 else {}
+        nodes = [helper.make_node("Split", [sw.input[0]], [t + "_g", t + "_u"], axis=-1, **halves),
+                 helper.make_node("Sigmoid", [t + "_g"], [t + "_sig"]),
+                 helper.make_node("Mul", [t + "_g", t + "_sig"], [t + "_silu"]),
+                 helper.make_node("Mul", [t + "_silu", t + "_u"], list(sw.output))]
+        om.remove_node(sw)
+        om.add_nodes(nodes)
+        n += 1
+    for gqa in list(om.get_nodes_by_op_type("GroupQueryAttention")):
+        ins = list(gqa.input) + [""] * (16 - len(gqa.input))
+        if len(gqa.input) < 16 or not ins[14]:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in gqa.attribute}
+        eps = attrs.pop("qk_norm_epsilon", 1e-6)
+        nq, kvh = attrs["num_heads"], attrs["kv_num_heads"]
+        d = _const(om, ins[14]).shape[0]
+        t = gqa.name + "_portable"
+        sizes = _init(om, np.array([nq * d, kvh * d, kvh * d], np.int64), f"{t}_split_sizes")
+        hq = _init(om, np.array([1, -1, nq, d], np.int64), f"{t}_q4_shape")
+        hk = _init(om, np.array([1, -1, kvh, d], np.int64), f"{t}_k4_shape")
+        fq = _init(om, np.array([1, -1, nq * d], np.int64), f"{t}_q3_shape")
+        fk = _init(om, np.array([1, -1, kvh * d], np.int64), f"{t}_k3_shape")
+        nodes = [helper.make_node("Split", [ins[0], sizes], [t + "_q", t + "_k", t + "_v"], axis=-1),
+                 helper.make_node("Reshape", [t + "_q", hq], [t + "_q4"]),
+                 helper.make_node("SimplifiedLayerNormalization", [t + "_q4", ins[14]], [t + "_qn"], axis=-1,
+                                  epsilon=float(eps), stash_type=1),
+                 helper.make_node("Reshape", [t + "_qn", fq], [t + "_q3"]),
+                 helper.make_node("Reshape", [t + "_k", hk], [t + "_k4"]),
+                 helper.make_node("SimplifiedLayerNormalization", [t + "_k4", ins[15]], [t + "_kn"], axis=-1,
+                                  epsilon=float(eps), stash_type=1),
+                 helper.make_node("Reshape", [t + "_kn", fk], [t + "_k3"]),
+                 helper.make_node("GroupQueryAttention", [t + "_q3", t + "_k3", t + "_v", *ins[3:7]], list(gqa.output),
+                                  name=gqa.name, domain=MS, **attrs)]
+        om.remove_node(gqa)
+        om.add_nodes(nodes)
+        n += 1
+    om.topological_sort()
+    return n
+
+
+# --------------------------------------------------------------------------------------------- graphs
+def fuse_decoder(model, opts: FuseOptions = FuseOptions()) -> dict[str, int]:
+    """Fuse an exported decoder ModelProto in place; returns {pass: fusions applied}."""
+    opts.validate()
+    constants_to_initializers(model)
+    fold_identities(model)
+    om = _onnx_model(model)
+    done = {"rms_norm": fuse_rms_norms(om)}
+    if opts.target == "cuda" and opts.gqa_qk_norm:
+        done["gqa_qk_norm"] = pack_gqa_qk_norm(om)
+        _finish(om)
+    done["skip_rms_norm"] = fuse_skip_norms(om, simplified=True)
+    done["lm_head"] = fuse_lm_head(om)
+    if opts.target == "cuda" and opts.swiglu:
+        done["swiglu"] = fuse_swiglu(om)
+    _finish(om)
+    return done
+
+
+def fuse_vision(model, opts: FuseOptions = FuseOptions()) -> dict[str, int]:
+    """Fuse an exported vision ModelProto in place; returns {pass: fusions applied}."""
+    opts.validate()
+    constants_to_initializers(model)
+    fold_identities(model)
+    om = _onnx_model(model)
+    done = {"layer_norm_fp16": fold_layer_norm_casts(om), "rms_norm": fuse_rms_norms(om)}
+    done["skip_layer_norm"] = fuse_skip_norms(om, simplified=False)
+    done["skip_rms_norm"] = fuse_skip_norms(om, simplified=True)
+    done["skip_norm_bias"] = fold_skip_norm_bias(om)
+    done["gelu"], done["bias_gelu"] = fuse_gelu(om)
+    if opts.attention_bias:
+        done["attention_bias"] = fold_attention_bias(om)
+    _finish(om)
+    return done
+
+
+GRAPH_FUSERS = {"decoder": fuse_decoder, "vision": fuse_vision}
+
+
+def fuse_artifact(src: Path, out: Path, opts: FuseOptions = FuseOptions(),
+                  progress: Callable[[str], None] | None = None) -> af.Artifact:
+    """FP16 or FP32 artifact -> the same artifact with fused graphs (OUT may equal SRC: fused in place).
+
+    Fuse before `quantize weight-int8`: the fusions match MatMul + bias patterns that MatMulNBits replaces."""
+    import onnx
+
+    from quantize.export import _file_table, _io
+
+    opts.validate()
+    say = progress or (lambda s: log.info("%s", s))
+    t0 = time.perf_counter()
+    src, out = Path(src), Path(out)
+    m = af.read(src)
+    if m.precision not in ("fp16", "fp32"):
+        raise ValueError(f"{src} is {m.precision}: fuse an FP16 or FP32 artifact, then build weight-int8 from it")
+    if "fusion" in m.export:
+        raise ValueError(f"{src} is already fused ({m.export['fusion'].get('target')}); fuse the exported artifact")
+    if m.decoder.attention != "gqa" and opts.target == "cuda" and opts.gqa_qk_norm:
+        say("decoder uses masked attention: no GroupQueryAttention to pack (portable passes only there)")
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"version": FUSION_VERSION, "target": opts.target, "options": asdict(opts), "graphs": {}}
+    written = set()
+    for name, fuser in GRAPH_FUSERS.items():
+        g = getattr(m, name).file
+        model = onnx.load(str(src / g))
+        before = op_counts(model)
+        passes = fuser(model, opts)
+        after = op_counts(model)
+        save_graph(model, out / g)
+        written |= {g, g + ".data"}
+        report["graphs"][name] = {"passes": passes, "ops_before": before, "ops_after": after,
+                                  "nodes_before": sum(before.values()), "nodes_after": sum(after.values())}
+        say(f"{name}: {sum(before.values())} -> {sum(after.values())} nodes ("
+            + ", ".join(f"{k} {v}" for k, v in passes.items() if v) + ")")
+    if out.resolve() != src.resolve():
+        for f in m.files:
+            if f not in written:
+                shutil.copyfile(src / f, out / f)
+    dec = report["graphs"]["decoder"]
+    report["cuda_only_ops"] = (["SwiGLU"] if dec["passes"].get("swiglu") else []) + \
+        (["GroupQueryAttention q_norm_weight/k_norm_weight"] if dec["passes"].get("gqa_qk_norm") else [])
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    fused = m.derive(vision=replace(m.vision, **_io(out / m.vision.file)),
+                     decoder=replace(m.decoder, **_io(out / m.decoder.file)),
+                     files=_file_table(out), export=dict(m.export, fusion=report))
+    af.write(out, fused)
+    say(f"wrote {out} ({opts.target} fusions, {report['seconds']:.0f} s)")
+    return fused
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m quantize.fuse", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("artifact", type=Path, help="exported FP16 or FP32 artifact directory")
+    ap.add_argument("out", type=Path, help="fused artifact directory to write (may equal ARTIFACT)")
+    ap.add_argument("--target", choices=TARGETS, default="cuda",
+                    help="cuda (default): also ops only ONNX Runtime's CUDA EP runs; portable: runs on every EP")
+    ap.add_argument("--no-swiglu", action="store_true", help="cuda target: keep the MLP gate as exported")
+    ap.add_argument("--no-gqa-qk-norm", action="store_true",
+                    help="cuda target: keep q|k|v split and the Q/K norms outside GroupQueryAttention")
+    ap.add_argument("--no-attention-bias", action="store_true",
+                    help="vision: keep the q|k|v bias Add in front of MultiHeadAttention")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("onnxruntime.transformers").setLevel(logging.WARNING)
+    try:
+        fuse_artifact(a.artifact, a.out, FuseOptions(target=a.target, swiglu=not a.no_swiglu,
+                                                     gqa_qk_norm=not a.no_gqa_qk_norm,
+                                                     attention_bias=not a.no_attention_bias))
+    except (ValueError, EdgeOCRError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
