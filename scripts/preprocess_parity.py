@@ -73,7 +73,10 @@ def main() -> int:
             canvas_graph = np.rint(px[0] * np.asarray(preprocess.STD)[:, None, None] * 255
                                    + np.asarray(preprocess.MEAN)[:, None, None] * 255).clip(0, 255).astype(np.uint8)
             canvases = {"exact": exact, "fast": fast, "graph": canvas_graph.transpose(1, 2, 0)}
-            emb = {k: model.session.encode_image(preprocess.normalize(c)).copy() for k, c in canvases.items()}
+            emb = {}
+            for k, c in canvases.items():
+                model.session.encode_image(preprocess.normalize(c))
+                emb[k] = model.session.image_embeds()
             toks = {k: model.recognize(c, task="structured_parse", options=o).token_ids for k, c in canvases.items()}
             row = {"page": name, "size": [lb.width, lb.height], "draft_decoded":
                    preprocess.load_image_for_canvas(data)[0].size != (lb.width, lb.height)}
