@@ -81,11 +81,12 @@ def _bandwidth(name: str) -> float | None:
 
 
 def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, repeats: int = 1,
-          task: str = "spotting", threads: int | None = None, cuda_graph: bool | None = None) -> BenchResult:
+          task: str = "spotting", threads: int | None = None, cuda_graph: bool | None = None,
+          preprocess: str = "exact") -> BenchResult:
     from edgeocr.model import OCRModel
 
     t0 = time.perf_counter()
-    model = OCRModel(artifact, device=device, threads=threads, cuda_graph=cuda_graph)
+    model = OCRModel(artifact, device=device, threads=threads, cuda_graph=cuda_graph, preprocess=preprocess)
     load_ms = (time.perf_counter() - t0) * 1e3
     opts = DecodeOptions(max_new_tokens=tokens, ignore_stop=True, tail_repetition_stop=False)
     cuda = None
@@ -236,14 +237,14 @@ def synthetic_page(seed: int = 0, size: tuple[int, int] = (1400, 1000)):
 
 
 def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens: int = 64, task: str = "spotting",
-                threads: int | None = None, cuda_graph: bool | None = None) -> dict:
+                threads: int | None = None, cuda_graph: bool | None = None, preprocess: str = "exact") -> dict:
     """Continuous batching over the artifact's slots: every page generates exactly `tokens` tokens.
     Reports pages/s and tokens/s end to end (vision + prefill of each page included), and the decode step
     time with every slot busy."""
     from edgeocr.batch import PageRequest, SlotScheduler
     from edgeocr.model import OCRModel
 
-    model = OCRModel(artifact, device=device, threads=threads, cuda_graph=cuda_graph)
+    model = OCRModel(artifact, device=device, threads=threads, cuda_graph=cuda_graph, preprocess=preprocess)
     opts = DecodeOptions(max_new_tokens=tokens, ignore_stop=True, tail_repetition_stop=False)
     model.recognize(images[0], task=task, options=DecodeOptions(max_new_tokens=4, ignore_stop=True))   # warm-up
     sched = SlotScheduler(model)

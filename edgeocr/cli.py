@@ -84,7 +84,8 @@ def _run_pages(args, todo, loader, multi: bool) -> int:
 
     show_bar = (not args.no_progress and not (args.stream and args.format == "text") and sys.stderr.isatty()
                 and (args.out is not None or (multi and not sys.stdout.isatty())))
-    model = OCRModel(args.model, device=args.device, threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph])
+    model = OCRModel(args.model, device=args.device, threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph],
+                     preprocess=args.preprocess)
     opts = DecodeOptions(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
     out = batchrun.JsonlWriter(args.out) if args.out else None
     sized = show_bar and _terminal_sized()          # else tqdm would draw nothing on a 0x0 terminal
@@ -252,6 +253,7 @@ def _bench(args) -> int:
             images = [args.image] * args.pages if args.image else \
                 [bench.synthetic_page(i, (1024, 1024)) for i in range(args.pages)]
             r = bench.bench_pages(args.artifact, images, device=args.device, tokens=args.tokens, task=args.task,
+                                  preprocess=args.preprocess,
                                   threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph])
             hf = None
             if args.compare_transformers:
@@ -263,6 +265,7 @@ def _bench(args) -> int:
             return EXIT_OK
         image = args.image or bench.synthetic_page()
         r = bench.bench(args.artifact, image, device=args.device, tokens=args.tokens, repeats=args.repeats,
+                        preprocess=args.preprocess,
                         task=args.task, threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph])
         hf = None
         if args.compare_transformers:
@@ -277,6 +280,12 @@ def _bench(args) -> int:
 
 
 _GRAPH = {"auto": None, "on": True, "off": False}
+
+
+def _preprocess_arg(p) -> None:
+    p.add_argument("--preprocess", choices=["exact", "fast", "device"], default="exact",
+                   help="exact (default): Pillow's bicubic like the reference; fast: reduced-scale JPEG decoding and "
+                        "OpenCV resize on the host; device: resize + normalize in a graph on --device")
 
 
 def _graph_arg(p) -> None:
@@ -313,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     _graph_arg(r)
+    _preprocess_arg(r)
     r.add_argument("--out", "-o", metavar="FILE.jsonl",
                    help="write one JSON line per page: {file, page, text, lines, finish_reason, timings_ms, ...}, "
                         "or {file, page, error: {type, message}} for a page that failed")
@@ -346,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--task", choices=prompts.task_names(), default="spotting")
     b.add_argument("--threads", type=int, default=None)
     _graph_arg(b)
+    _preprocess_arg(b)
     b.add_argument("--compare-transformers", metavar="CHECKPOINT",
                    help="also run transformers generate (bf16, sdpa) on this checkpoint and print ratios")
     b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")

@@ -51,7 +51,7 @@ class OCRResult:
 class Prepared:
     """An image ready for the model."""
 
-    pixels: np.ndarray                 # [1, 3, S, S] float32, normalized
+    pixels: object                     # [1, 3, S, S] float32, normalized: numpy, or an OrtValue ("device")
     letterbox: preprocess.Letterbox
     timings_ms: dict = field(default_factory=dict)
 
@@ -70,6 +70,7 @@ def open_session(path: Path, art: af.Artifact, backend: str, device: str, thread
 
 
 _END = object()
+PREPROCESS = ("exact", "fast", "device")
 
 
 class Stream:
@@ -99,7 +100,13 @@ class OCRModel:
     """
 
     def __init__(self, artifact_dir: str | Path, backend: str = "onnxruntime", device: str = "cpu",
-                 threads: int | None = None, rope_layout: str | None = None, cuda_graph: bool | None = None):
+                 threads: int | None = None, rope_layout: str | None = None, cuda_graph: bool | None = None,
+                 preprocess: str = "exact"):
+        """preprocess: "exact" (Pillow's bicubic, as the reference processor), "fast" (JPEG decoded at reduced
+        scale + OpenCV resize on the host; [fast] extra) or "device" (resize + normalize in a small ONNX graph
+        on the session's device, within 2 levels of Pillow); measured in docs/perf.md."""
+        if preprocess not in PREPROCESS:
+            raise BackendError(f"unknown preprocess {preprocess!r}; use one of {', '.join(PREPROCESS)}")
         t0 = time.perf_counter()
         self.path = Path(artifact_dir)
         self.artifact = art = af.read(self.path)
@@ -110,6 +117,11 @@ class OCRModel:
                                                   im_end=tk.im_end, image=tk.image, user=tk.user)
         self.stop_ids = tk.stop_ids
         self.image_spec = art.image
+        self.preprocess = preprocess
+        self._device_pre = None
+        if preprocess == "device":
+            from edgeocr.preprocess_graph import DevicePreprocessor
+            self._device_pre = DevicePreprocessor(device=device, canvas=art.image.canvas, pad_value=art.image.pad_value)
         r = art.rope
         self.rope_layout = rope_layout or r.layout
         self.freqs = rope.inv_freq(r.head_dim, r.theta, r.alpha)
@@ -130,10 +142,20 @@ class OCRModel:
             return image
         im = self.image_spec
         t0 = time.perf_counter()
-        img = preprocess.load_image(image)
-        t1 = time.perf_counter()
-        canvas, lb = preprocess.letterbox(img, im.canvas, im.pad_value)
-        pixels = preprocess.normalize(canvas, mean=im.mean, std=im.std)
+        if self.preprocess == "fast":
+            img, size = preprocess.load_image_for_canvas(image, im.canvas)
+            t1 = time.perf_counter()
+            canvas, lb = preprocess.letterbox_fast(img, size, im.canvas, im.pad_value)
+            pixels = preprocess.normalize(canvas, mean=im.mean, std=im.std)
+        elif self.preprocess == "device":
+            img = preprocess.load_image(image)
+            t1 = time.perf_counter()
+            pixels, lb = self._device_pre(np.asarray(img))      # OrtValue [1, 3, S, S] on the device
+        else:
+            img = preprocess.load_image(image)
+            t1 = time.perf_counter()
+            canvas, lb = preprocess.letterbox(img, im.canvas, im.pad_value)
+            pixels = preprocess.normalize(canvas, mean=im.mean, std=im.std)
         t2 = time.perf_counter()
         return Prepared(pixels, lb, {"load": (t1 - t0) * 1e3, "preprocess": (t2 - t1) * 1e3})
 
@@ -203,6 +225,10 @@ class OCRModel:
         raises its error when its turn comes."""
         from concurrent.futures import ThreadPoolExecutor
 
+        if self._device_pre is not None:        # one device buffer for the pixels: prepared just in time
+            for img in images:
+                yield self.prepare(img)
+            return
         with ThreadPoolExecutor(1, thread_name_prefix="edgeocr-prepare") as pool:
             ahead = []
             it = iter(images)

@@ -248,7 +248,7 @@ def cmd_ttft(a) -> int:
 
     model = OCRModel(a.artifact, device=a.device)
     s = model.session
-    canvas, pad = model.canvas, model.pad_value
+    canvas, pad = model.image_spec.canvas, model.image_spec.pad_value
     dev = DevicePreprocessor(device=a.device, canvas=canvas, pad_value=pad)
     penalty = model.artifact.repetition_penalty
     instruction = model.instruction("spotting", None)[0]

@@ -156,3 +156,22 @@ def test_paths_give_the_demo_model_the_same_tokens(tmp_path):
         graph_canvas = levels.transpose(1, 2, 0)
         for canvas in (fast_canvas, graph_canvas):
             assert model.recognize(canvas, task="structured_parse", options=o).token_ids == exact
+
+
+def test_model_preprocess_paths(art_a):
+    """OCRModel(preprocess=...): the device graph (run here on the CPU provider) gives the exact path's tokens
+    and boxes' geometry; the fast host path runs; an unknown path is refused by name."""
+    from edgeocr.decode import DecodeOptions
+    from edgeocr.errors import BackendError
+    from edgeocr.model import OCRModel
+    o = DecodeOptions(max_new_tokens=8)
+    img = make_image(12, (700, 500))
+    exact = OCRModel(art_a).recognize(img, options=o)
+    dev_model = OCRModel(art_a, preprocess="device")
+    dev = dev_model.recognize(img, options=o)
+    assert dev.token_ids == exact.token_ids and dev.image_size == exact.image_size
+    many = dict(dev_model.recognize_many([img, make_image(13)], options=o))
+    assert many[0].token_ids == exact.token_ids
+    assert OCRModel(art_a, preprocess="fast").recognize(img, options=o).generated_tokens == 8
+    with pytest.raises(BackendError, match="unknown preprocess"):
+        OCRModel(art_a, preprocess="gpu")
