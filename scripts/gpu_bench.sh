@@ -12,7 +12,7 @@
 #      (the previous default) benched and profiled in the same session, for before/after
 # Results in $OUT (<= 5 files): summary.json (every result), bench.txt, profile.txt, run.log.
 #
-#   scripts/gpu_bench.sh                 on the GPU machine
+#   scripts/gpu_bench.sh                 on a CUDA machine
 #   scripts/gpu_bench.sh --cpu-tiny      the same steps on the CPU with a tiny checkpoint (checks the script;
 #                                        portable fusions, ORT node counts instead of CUDA kernels)
 set -uo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU test machine: real-size INT8 artifact (NNCF on the machine's 16 CPU cores) -> sizes, time.
+# On a CUDA machine: real-size INT8 artifact (NNCF on the machine's 16 CPU cores) -> sizes, time.
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

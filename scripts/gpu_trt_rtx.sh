@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU test machine (H200; CUDA torch + transformers preinstalled, TensorRT-RTX in /tmp/site):
+# On a CUDA machine (CUDA torch + transformers preinstalled, TensorRT-RTX in /tmp/site):
 # the real-size architecture on random weights, its FP16 export with the portable decoder (the one
 # TensorRT takes), and `edgeocr build --flavour tensorrt_rtx` of it.  TensorRT-RTX does not run engines
 # on the H200 (compute capability 9.0); if the builder refuses the GPU too, the build is repeated ahead of

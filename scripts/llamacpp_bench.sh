@@ -4,11 +4,11 @@
 # 0.3.36 sdist (PyPI), stripped to what the build and the converter need (`prepare`, run once off the GPU).
 #
 #   scripts/llamacpp_bench.sh prepare SDIST.tar.gz DEST    strip the sdist's vendor/llama.cpp into DEST
-#   scripts/llamacpp_bench.sh                               on the GPU machine: build, convert, bench
+#   scripts/llamacpp_bench.sh                               on a CUDA machine: build, convert, bench
 #   scripts/llamacpp_bench.sh --cpu                         the same with a CPU build (checks the script; with
 #                                                           CKPT=a small checkpoint, DEPTH=64 N_TOKENS=8 it runs in minutes)
 #
-# On the GPU machine: builds llama-bench and llama-mtmd-cli with -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
+# On a CUDA machine: builds llama-bench and llama-mtmd-cli with -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
 # (JOBS parallel jobs, default all cores), converts the checkpoint (CKPT; made with quantize.realsize when absent)
 # with llama.cpp's convert_hf_to_gguf.py through scripts/llamacpp_convert.py: the text decoder in F16 and Q8_0
 # and the vision encoder + projector (mmproj) in F16, then runs
