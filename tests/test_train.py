@@ -31,8 +31,8 @@ def test_train_resume_export_run(tmp_path):
     assert [x["step"] for x in log] == [1, 2, 3] and all(x["loss"] > 0 for x in log)
     ck = out / "checkpoint"
     art = tmp_path / "art"
-    subprocess.run([sys.executable, "-m", "quantize", "export", str(ck), str(art), "--max-cache-len", "1280",
-                    "--max-prefill-len", "1200"], check=True, capture_output=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "quantize", "export", str(ck), str(art), "--cache-len", "1280",
+                    "--prefill-len", "1200"], check=True, capture_output=True, timeout=600)
     res = OCRModel(art).recognize(_page(tmp_path),
                                   options=DecodeOptions(max_new_tokens=3))
     assert res.generated_tokens >= 1
