@@ -154,14 +154,26 @@ def markdown(report: dict) -> str:
            "| system | pages | CER, no whitespace: mean | median | NFKC, no whitespace: mean | median "
            "| plain CER: mean | s / page |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    labels = {}
     for name, s in report["summary"].items():
         sysm = report["systems"][name]
-        label = {"rapidocr": "RapidOCR", "tesseract": "Tesseract"}.get(name, f"edgeocr {name}")
+        label = labels[name] = {"rapidocr": "RapidOCR", "tesseract": "Tesseract"}.get(name, f"edgeocr {name}")
         detail = sysm.get("package") or f"{Path(sysm['artifact']).name}, {sysm['precision']}"
         sec = "-" if s["seconds_per_page"] is None else f"{s['seconds_per_page']:.2f}"
         out.append(f"| {label} ({detail}) | {s['pages']} | {_pct(s['cer_nows']['mean'])} | "
                    f"{_pct(s['cer_nows']['median'])} | {_pct(s['cer_nows_nfkc']['mean'])} | "
                    f"{_pct(s['cer_nows_nfkc']['median'])} | {_pct(s['cer']['mean'])} | {sec} |")
+    kinds = sorted({p["kind"] for p in report["pages"] if p.get("kind")})
+    if kinds:
+        out += ["", "Whitespace-free CER by document kind (mean over the kind's pages):", "",
+                "| kind | pages | " + " | ".join(labels.values()) + " |", "|---|---:|" + "---:|" * len(labels)]
+        for k in kinds:
+            ps = [p for p in report["pages"] if p.get("kind") == k]
+            cells = []
+            for name in labels:
+                vals = [p["systems"][name]["cer_nows"] for p in ps if name in p["systems"]]
+                cells.append(_pct(statistics.fmean(vals)) if vals else "-")
+            out.append(f"| {k} | {len(ps)} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 

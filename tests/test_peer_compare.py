@@ -93,6 +93,7 @@ def test_two_pages_rapidocr_and_demo_fp16(demo_fp16, tmp_path):
     table = md.read_text(encoding="utf-8")
     assert "| RapidOCR (rapidocr_onnxruntime 1.4.4) | 2 |" in table and "| edgeocr fp16 (fp16, fp16) | 2 |" in table
     assert f"{rep['summary']['rapidocr']['cer_nows']['mean'] * 100:.1f} %" in table
+    assert "| shipping_label | 1 |" in table and "| table | 1 |" in table       # by kind: 000000, 000001
     # resume: the same systems and settings are taken from the JSON, nothing runs again
     r = _run(*base, "--resume")
     assert r.returncode == 0 and "[1/2]" not in r.stderr, r.stderr
