@@ -3,7 +3,8 @@
     edgeocr check --reference FP16_DIR --candidate INT8_DIR --data calibration_data/eval \
         [--task structured_parse|spotting|fields|...] [--max-cer-increase 0.01] [--out report]
 
-Per page: both outputs, CER/NED against ground truth when labels exist, field accuracy for
+Per page: both outputs, CER/NED against ground truth when labels exist (CER also whitespace-free and
+NFKC-normalized whitespace-free: `cer_nows`, `cer_nows_nfkc` in edgeocr.metrics), field accuracy for
 extraction, exact agreement, the first divergent token, repetition and truncation flags, per-stage
 latency.  Writes OUT.json and OUT.csv atomically; OUT.pages.jsonl records finished pages so an
 interrupted run resumes without redoing them.  Exit codes: 0 gates hold, 3 a gate failed,
@@ -79,6 +80,8 @@ def _side(result, task, ref, fields, gold_boxes=None) -> dict:
          "timings_ms": {k: round(v, 2) for k, v in result.timings_ms.items()}}
     if ref is not None:
         d["cer"] = metrics.cer(hyp, ref)
+        d["cer_nows"] = metrics.cer_nows(hyp, ref)
+        d["cer_nows_nfkc"] = metrics.cer_nows_nfkc(hyp, ref)
         d["ned"] = metrics.ned(hyp, ref)
     if fields:
         d["field_accuracy"] = metrics.field_accuracy(result.text, fields)
@@ -112,13 +115,17 @@ def compare_page(ref_runner: Runner, cand_runner: Runner, sample: Sample, task: 
 def summarize(pages: list[dict]) -> dict:
     def mean(key, side):
         vals = [p[side][key] for p in pages if key in p[side]]
+        if key.startswith("cer_") and len(vals) != sum("cer" in p[side] for p in pages):
+            return None      # pages resumed from a report written before this metric existed
         return statistics.fmean(vals) if vals else None
 
     s = {"pages": len(pages),
          "exact_agreement": statistics.fmean(p["exact_match"] for p in pages) if pages else None,
          "mean_pair_ned": statistics.fmean(p["pair_ned"] for p in pages) if pages else None}
     for side in ("reference", "candidate"):
-        s[side] = {"cer": mean("cer", side), "ned": mean("ned", side), "field_accuracy": mean("field_accuracy", side),
+        s[side] = {"cer": mean("cer", side), "cer_nows": mean("cer_nows", side),
+                   "cer_nows_nfkc": mean("cer_nows_nfkc", side), "ned": mean("ned", side),
+                   "field_accuracy": mean("field_accuracy", side),
                    "box_iou": mean("box_iou", side), "box_f1": mean("box_f1", side),
                    "repetition_rate": statistics.fmean(p[side]["repetition"] for p in pages) if pages else None,
                    "truncation_rate": statistics.fmean(p[side]["truncated"] for p in pages) if pages else None,
@@ -144,7 +151,8 @@ def write_reports(out: Path, meta: dict, pages: list[dict], summary: dict) -> No
                                                         ensure_ascii=False, indent=2))
     buf = io.StringIO()
     cols = ["image", "exact_match", "first_divergent_token", "pair_ned"]
-    sides = ["cer", "ned", "field_accuracy", "box_iou", "box_f1", "tokens", "finish_reason", "repetition", "truncated"]
+    sides = ["cer", "cer_nows", "cer_nows_nfkc", "ned", "field_accuracy", "box_iou", "box_f1", "tokens",
+             "finish_reason", "repetition", "truncated"]
     w = csv.writer(buf)
     w.writerow(cols + [f"{s}_{k}" for s in ("reference", "candidate") for k in sides]
                + ["reference_total_ms", "candidate_total_ms"])
@@ -162,6 +170,9 @@ def format_summary(s: dict, ref_label: str, cand_label: str) -> str:
 
     rows = [("", "reference", "candidate"), ("", ref_label[:34], cand_label[:34]),
             ("CER", f(s["reference"]["cer"], True), f(s["candidate"]["cer"], True)),
+            ("CER, no whitespace", f(s["reference"].get("cer_nows"), True), f(s["candidate"].get("cer_nows"), True)),
+            ("CER, NFKC, no ws", f(s["reference"].get("cer_nows_nfkc"), True),
+             f(s["candidate"].get("cer_nows_nfkc"), True)),
             ("NED", f(s["reference"]["ned"], True), f(s["candidate"]["ned"], True)),
             ("field accuracy", f(s["reference"]["field_accuracy"], True), f(s["candidate"]["field_accuracy"], True)),
             ("box IoU (spotting)", f(s["reference"].get("box_iou"), True), f(s["candidate"].get("box_iou"), True)),

@@ -2,7 +2,8 @@
 
 A directory holds images (.png .jpg .jpeg .bmp .webp .tif .tiff) and optionally one label file:
 - labels.jsonl: one JSON object per line with at least "image" (file name relative to the
-  directory); optional "text" (reading-order full text), "lines" ([{"text", "box": [x1,y1,x2,y2]}]),
+  directory); optional "text" (reading-order full text; when absent, the lines' texts joined by
+  newlines), "lines" ([{"text", "box": [x1,y1,x2,y2]}]),
   "fields" ({key: value}), "kind", "lang", "targets" — the schema calibration_data/ uses;
 - labels.csv: header with "image" and "text" columns, optional "fields" (a JSON object).
 A bad label file is an error that names the file, line and problem; images without a label are
@@ -40,7 +41,15 @@ class Sample:
 
     @property
     def text(self) -> str | None:
-        return None if self.label is None else self.label.get("text")
+        """The reference full text: the label's "text", else its lines' texts joined by newlines."""
+        if self.label is None:
+            return None
+        if "text" in self.label:
+            return self.label["text"]
+        lines = self.label.get("lines")
+        if lines and all(isinstance(ln.get("text"), str) for ln in lines):
+            return "\n".join(ln["text"] for ln in lines)
+        return None
 
     @property
     def fields(self) -> dict | None:

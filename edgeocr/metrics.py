@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 
 
 def levenshtein(a: str, b: str) -> int:
@@ -28,6 +29,24 @@ def cer(hyp: str, ref: str) -> float:
     if not ref:
         return 0.0 if not hyp else 1.0
     return levenshtein(hyp, ref) / len(ref)
+
+
+def strip_whitespace(text: str) -> str:
+    """`text` without any whitespace character (str.isspace: spaces, tabs, line breaks, U+3000 ...)."""
+    return "".join(text.split())
+
+
+def cer_nows(hyp: str, ref: str) -> float:
+    """CER with all whitespace removed from both strings first: line breaks, spaces and indentation do not
+    count, so a reading that splits or joins lines differently from the label is not penalized for it.
+    The denominator is the label's length without whitespace."""
+    return cer(strip_whitespace(hyp), strip_whitespace(ref))
+
+
+def cer_nows_nfkc(hyp: str, ref: str) -> float:
+    """`cer_nows` after Unicode NFKC normalization of both strings: full-width and half-width forms
+    (Ａ / A, １ / 1, ： / :, （ / ( ...) and compatibility characters count as the same character."""
+    return cer_nows(unicodedata.normalize("NFKC", hyp), unicodedata.normalize("NFKC", ref))
 
 
 def ned(hyp: str, ref: str) -> float:

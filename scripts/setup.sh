@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development/CI environment in .venv: CPU torch (pinned, from the local wheel where present),
-# edgeocr with its export, data and dev extras, and the fonts the document generator renders with.
+# edgeocr with its export, data, dev and peer extras, the fonts the document generator renders with, and
+# Tesseract (scripts/peer_compare.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -8,6 +9,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     fc-list 2>/dev/null | grep -qi "Noto Sans CJK" || need="$need fonts-noto-cjk fonts-wqy-microhei fonts-arphic-uming fonts-liberation2 fonts-dejavu-core fontconfig"
     command -v chromium >/dev/null || need="$need chromium"          # the daemon's web page test
     command -v systemd-analyze >/dev/null || need="$need systemd"    # unit file verification
+    # scripts/peer_compare.py: Tesseract 5 with the Simplified Chinese and English models
+    { command -v tesseract >/dev/null && tesseract --list-langs 2>/dev/null | grep -qx chi_sim; } \
+        || need="$need tesseract-ocr tesseract-ocr-chi-sim tesseract-ocr-eng"
     if [ -n "$need" ]; then
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
@@ -18,5 +22,5 @@ PY=${PYTHON:-python3}
 .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first, pinned: an unpinned torch pulls a multi-GB CUDA build
 .venv/bin/pip install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/pip install -q -e '.[cpu,export,data,dev]' 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/pip install -q -e '.[cpu,export,data,dev,peer]' 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import torch, transformers, onnxruntime, edgeocr; print('edgeocr', edgeocr.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| onnxruntime', onnxruntime.__version__)"

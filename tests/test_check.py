@@ -27,6 +27,36 @@ def test_metrics_hand_made():
     assert metrics.first_divergence([1, 2], [1, 2, 3]) == 2
 
 
+def test_whitespace_free_cer_hand_made():
+    # line breaks, spaces, tabs and U+3000 do not count; the denominator is the label without whitespace
+    assert metrics.strip_whitespace(" a\tb\nc\u3000d \r\n") == "abcd"
+    assert metrics.cer("ab c\nd", "abcd") == 0.5 and metrics.cer_nows("ab c\nd", "abcd") == 0.0
+    assert metrics.cer_nows("abxd", "a b\nc d") == 0.25
+    assert metrics.cer_nows("abc", "a b c d e") == 0.4               # 2 deletions / 5
+    assert metrics.cer_nows("合计\u3000100", "合计 100") == 0.0
+    assert metrics.cer_nows("", " \n\t") == 0.0 and metrics.cer_nows("x", "  ") == 1.0
+    assert metrics.cer_nows("", "ab\ncd") == 1.0
+    # full-width forms differ from ASCII until NFKC folds them
+    assert metrics.cer_nows("ＴＯＴＡＬ：１２", "TOTAL: 12") == 1.0        # 8 substitutions / 8
+    assert metrics.cer_nows_nfkc("ＴＯＴＡＬ：１２", "TOTAL: 12") == 0.0
+    assert metrics.cer_nows_nfkc("ＡＢ Ｃ", "A B X") == pytest.approx(1 / 3)
+    hyp, ref = "发票号码：12345\n金额", "发票号码: 12345 金额"
+    assert metrics.cer(hyp, ref) == pytest.approx(3 / 14)     # '：' for ':', the space after it, newline for space
+    assert metrics.cer_nows(hyp, ref) == pytest.approx(1 / 12) and metrics.cer_nows_nfkc(hyp, ref) == 0.0
+
+
+def test_reference_text_from_lines(tmp_path):
+    from edgeocr.dataset import load_dir
+    from PIL import Image
+    for n in ("a.png", "b.png", "c.png"):
+        Image.new("RGB", (8, 8), "white").save(tmp_path / n)
+    recs = [{"image": "a.png", "lines": [{"text": "Line 1", "box": [0, 0, 4, 2]}, {"text": "行二", "box": [0, 3, 4, 5]}]},
+            {"image": "b.png", "text": "given", "lines": [{"text": "other", "box": [0, 0, 1, 1]}]},
+            {"image": "c.png", "kind": "receipt"}]
+    (tmp_path / "labels.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in recs), encoding="utf-8")
+    assert [s.text for s in load_dir(tmp_path)] == ["Line 1\n行二", "given", None]
+
+
 def test_spotting_box_scores_hand_made():
     assert metrics.box_iou([0, 0, 10, 10], [0, 0, 10, 10]) == 1.0
     assert metrics.box_iou([0, 0, 10, 10], [5, 0, 15, 10]) == pytest.approx(50 / 150)
@@ -72,6 +102,20 @@ def test_cli_reports_exit_codes_and_resume(art_a, art_b, tmp_path):
     assert all(p["first_divergent_token"] is None for p in rep["pages"])
     assert rep["pages"][0]["reference"]["cer"] > 0            # random weights do not read
     assert "CER" in r.stdout and out.with_suffix(".csv").read_text().count("\n") == 4
+    # whitespace-free CER and its NFKC variant, per page, in the summary, the CSV and the printed table
+    from edgeocr.dataset import load_dir
+    refs = {s.name: s.text for s in load_dir(data)[:3]}
+    for p in rep["pages"]:
+        for side in ("reference", "candidate"):
+            d = p[side]
+            assert d["cer_nows"] == metrics.cer_nows(d["text"], refs[p["image"]])
+            assert d["cer_nows_nfkc"] == metrics.cer_nows_nfkc(d["text"], refs[p["image"]])
+            assert d["cer_nows"] > 0
+    for key in ("cer_nows", "cer_nows_nfkc"):
+        assert rep["summary"]["candidate"][key] == pytest.approx(sum(p["candidate"][key] for p in rep["pages"]) / 3)
+    header = out.with_suffix(".csv").read_text().splitlines()[0].split(",")
+    assert {"reference_cer_nows", "reference_cer_nows_nfkc", "candidate_cer_nows", "candidate_cer_nows_nfkc"} <= set(header)
+    assert "CER, no whitespace" in r.stdout and "CER, NFKC, no ws" in r.stdout
     # resume: the finished pages are taken from the progress file, nothing is recomputed
     r = _check("--reference", str(art_a), "--candidate", str(art_a), *base)
     assert r.returncode == 0 and "resumed: 3 page(s)" in r.stdout and "[1/3]" not in r.stderr
