@@ -30,7 +30,8 @@ log = logging.getLogger("edgeocr")
 
 SOURCE = "htmldocs"
 MAX_LONG_SIDE = 1600          # px: pages are laid out at most this tall (and at most 1240 wide)
-PAPER_ASPECT = (1.0, 1.414)   # page height / width drawn from this range (receipts: as tall as their content)
+PAPER_ASPECT = (1.0, 1.414)   # page height / width drawn from this range, or the content's height if taller
+RECEIPT_HEIGHT = (1000, 1600)  # px: receipt paper length (narrow pages)
 DEGRADATIONS = ("lighting", "tint", "blur", "noise", "jpeg")
 
 
@@ -92,19 +93,24 @@ def make_page(renderer, index: int, seed: int, opts: GenOptions = GenOptions()):
     rng = np.random.default_rng([seed, index, 0x48544D4C])
     kind = opts.kinds[int(rng.integers(len(opts.kinds)))]
     doc = build(kind, rng)
-    if doc.kind != "receipt":                        # paper: portrait, at least as tall as the content
-        doc.min_height = min(opts.max_long_side, max(doc.min_height, int(doc.width * rng.uniform(*PAPER_ASPECT))))
+    paper = rng.uniform(*RECEIPT_HEIGHT) if doc.kind == "receipt" else doc.width * rng.uniform(*PAPER_ASPECT)
+    doc.min_height = min(opts.max_long_side, max(doc.min_height, int(paper)))   # at least as tall as the content
     r = renderer.render(html_page(doc), doc.width, opts.max_long_side, doc.min_height)
     img, applied = r.image, []
     if opts.degrade and rng.random() < opts.degrade_prob:
         img, applied = degrade(img, np.random.default_rng([seed, index, 1]))
     h, w = img.shape[:2]
-    shown = " ".join(ln.text for ln in r.lines)
-    fields = {k: v for k, v in doc.fields.items() if v and v in shown}      # only what is on the page
+    shown = _squash("".join(ln.text for ln in r.lines))
+    fields = {k: v for k, v in doc.fields.items() if v and _squash(v) in shown}    # only what is on the page
     rec = label_record(f"{SOURCE}-{seed}-{index:06d}", "", doc.kind, doc.lang, w, h,
                        [Line(ln.text, ln.box) for ln in r.lines], fields, applied, seed)
     rec["source"] = SOURCE
     return img, rec, r
+
+
+def _squash(s: str) -> str:
+    """Without whitespace: a value may wrap over lines."""
+    return "".join(s.split())
 
 
 def _encode(img: np.ndarray, quality: int) -> bytes:

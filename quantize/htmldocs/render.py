@@ -150,7 +150,8 @@ MEASURE_JS = r"""
 """
 
 MASK_CSS = ("*, *::before, *::after { color: #000 !important; background: transparent !important; "
-            "border-color: transparent !important; box-shadow: none !important; text-shadow: none !important; "
+            "border-color: transparent !important; column-rule-color: transparent !important; "
+            "box-shadow: none !important; text-shadow: none !important; "
             "outline-color: transparent !important; text-decoration-color: transparent !important; "
             "opacity: 1 !important; } html, body { background: #fff !important; } "
             "img, svg, hr, .deco { visibility: hidden !important; }")
@@ -202,24 +203,44 @@ def ink_box(text_only: np.ndarray, layout: tuple[float, float, float, float]) ->
     return (x0 + int(cols[0]), y0 + int(rows[0]), x0 + int(cols[-1]) + 1, y0 + int(rows[-1]) + 1)
 
 
-class Renderer:
-    """One headless Chromium and one tab, reused for every page (close() or use as a context manager)."""
+_driver = None          # Playwright's sync driver: one per thread, shared by the Renderers open in it
+_driver_users = 0
 
-    def __init__(self, executable: str | None = None):
+
+def _acquire_driver():
+    global _driver, _driver_users
+    if _driver is None:
         try:
             from playwright.sync_api import sync_playwright
         except ImportError:
             raise RenderError("the HTML document generator needs Playwright: pip install 'edgeocr[data]' "
                               "(or pip install playwright; the system Chromium is used, no browser download)") from None
+        _driver = sync_playwright().start()
+    _driver_users += 1
+    return _driver
+
+
+def _release_driver() -> None:
+    global _driver, _driver_users
+    _driver_users -= 1
+    if _driver_users == 0 and _driver is not None:
+        _driver.stop()
+        _driver = None
+
+
+class Renderer:
+    """One headless Chromium and one tab, reused for every page (close() or use as a context manager)."""
+
+    def __init__(self, executable: str | None = None):
         self.executable = executable or find_chromium()
-        self._pw = sync_playwright().start()
+        self._pw = _acquire_driver()
         try:
             self._browser = self._pw.chromium.launch(
                 executable_path=self.executable, headless=True,
                 args=["--no-sandbox", "--disable-gpu", "--font-render-hinting=none", "--hide-scrollbars",
                       "--disable-lcd-text", "--force-color-profile=srgb"])
         except Exception as e:
-            self._pw.stop()
+            _release_driver()
             raise RenderError(f"could not start Chromium at {self.executable}: {e}") from None
         self._page = self._browser.new_page(viewport={"width": 800, "height": 600}, device_scale_factor=1)
         # screenshots through DevTools directly: lossless PNG with fast compression, about half the time
@@ -267,7 +288,7 @@ class Renderer:
         try:
             self._browser.close()
         finally:
-            self._pw.stop()
+            _release_driver()
 
     def __enter__(self) -> "Renderer":
         return self
