@@ -105,7 +105,7 @@ def test_generated_boxes_cover_exactly_the_text_ink(renderer, kind):
         img, rec, r = make_page(renderer, i, 77, GenOptions(kinds=(kind,), degrade=False))
         assert rec["kind"] == kind and rec["source"] == "htmldocs" and rec["lines"], kind
         h, w = img.shape[:2]
-        assert (rec["width"], rec["height"]) == (w, h) and 700 <= max(w, h) <= 1600
+        assert (rec["width"], rec["height"]) == (w, h) and 1000 <= max(w, h) <= 1600
         assert rec["text"] == "\n".join(ln["text"] for ln in rec["lines"])
         text_ink = r.text_only < 160
         gray = img.astype(np.int16).mean(axis=2)
@@ -114,7 +114,7 @@ def test_generated_boxes_cover_exactly_the_text_ink(renderer, kind):
             assert 0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h and ln["text"].strip(), ln
             assert text_ink[y0:y1, x0:x1].sum() >= 3, ln
             patch = gray[y0:y1, x0:x1]
-            assert patch.max() - patch.min() > 60, ln
+            assert patch.max() - patch.min() > 30, ln                # visible (a thin "-" is the faintest)
             assert ln["box_norm"] == [int(x0 * 1000 / w), int(y0 * 1000 / h), int(x1 * 1000 / w), int(y1 * 1000 / h)]
         stray = text_ink & ~_covered(text_ink.shape, [ln["box"] for ln in rec["lines"]])
         assert stray.sum() <= 0.002 * text_ink.sum() + 5, (kind, i, int(stray.sum()), int(text_ink.sum()))
@@ -163,3 +163,14 @@ def test_content_rarely_repeats():
     for make in (c.company, c.name, lambda: " ".join(c.address()), c.product, c.doc_number, c.sentence):
         values = [make() for _ in range(300)]
         assert len(set(values)) >= 240, make
+
+
+def test_committed_eval_html_set():
+    """The held-out HTML set loads, is complete, is the documented seed and fits its size budget."""
+    from pathlib import Path
+    d = Path(__file__).resolve().parents[1] / "calibration_data" / "eval_html"
+    samples = load_dir(d)
+    assert len(samples) == 64 and all(s.label and s.label["lines"] and s.text for s in samples)
+    assert {s.label["seed"] for s in samples} == {3003} and {s.label["source"] for s in samples} == {"htmldocs"}
+    assert len({s.label["kind"] for s in samples}) >= 6
+    assert sum(p.stat().st_size for p in d.iterdir()) <= 3_000_000

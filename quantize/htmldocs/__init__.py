@@ -30,6 +30,7 @@ log = logging.getLogger("edgeocr")
 
 SOURCE = "htmldocs"
 MAX_LONG_SIDE = 1600          # px: pages are laid out at most this tall (and at most 1240 wide)
+MIN_LONG_SIDE = 1000          # px: and at least this tall
 PAPER_ASPECT = (1.0, 1.414)   # page height / width drawn from this range, or the content's height if taller
 RECEIPT_HEIGHT = (1000, 1600)  # px: receipt paper length (narrow pages)
 DEGRADATIONS = ("lighting", "tint", "blur", "noise", "jpeg")
@@ -42,6 +43,7 @@ class GenOptions:
     degrade_prob: float = 0.6                # share of pages that get effects
     jpeg_quality: int = 80                   # of the written file
     max_long_side: int = MAX_LONG_SIDE
+    targets: bool = True                     # precomputed HunyuanOCR target strings (derivable from "lines")
 
 
 def _check_kinds(kinds) -> None:
@@ -94,7 +96,7 @@ def make_page(renderer, index: int, seed: int, opts: GenOptions = GenOptions()):
     kind = opts.kinds[int(rng.integers(len(opts.kinds)))]
     doc = build(kind, rng)
     paper = rng.uniform(*RECEIPT_HEIGHT) if doc.kind == "receipt" else doc.width * rng.uniform(*PAPER_ASPECT)
-    doc.min_height = min(opts.max_long_side, max(doc.min_height, int(paper)))   # at least as tall as the content
+    doc.min_height = min(opts.max_long_side, max(doc.min_height, MIN_LONG_SIDE, int(paper)))   # or the content's height
     r = renderer.render(html_page(doc), doc.width, opts.max_long_side, doc.min_height)
     img, applied = r.image, []
     if opts.degrade and rng.random() < opts.degrade_prob:
@@ -105,6 +107,8 @@ def make_page(renderer, index: int, seed: int, opts: GenOptions = GenOptions()):
     rec = label_record(f"{SOURCE}-{seed}-{index:06d}", "", doc.kind, doc.lang, w, h,
                        [Line(ln.text, ln.box) for ln in r.lines], fields, applied, seed)
     rec["source"] = SOURCE
+    if not opts.targets:
+        del rec["targets"]
     return img, rec, r
 
 
@@ -116,7 +120,7 @@ def _squash(s: str) -> str:
 def _encode(img: np.ndarray, quality: int) -> bytes:
     from PIL import Image
     b = io.BytesIO()
-    Image.fromarray(img).save(b, "JPEG", quality=quality, optimize=True)
+    Image.fromarray(img).save(b, "JPEG", quality=quality, optimize=True, progressive=True)
     return b.getvalue()
 
 
@@ -231,11 +235,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of: {', '.join(KINDS)}")
     ap.add_argument("--clean", action="store_true", help="no photometric degradations")
     ap.add_argument("--jpeg-quality", type=int, default=GenOptions.jpeg_quality)
+    ap.add_argument("--no-targets", action="store_true",
+                    help='leave out "targets" (the HunyuanOCR output strings, derivable from "lines"): half the '
+                         "size of labels.jsonl")
+    ap.add_argument("--max-long-side", type=int, default=MAX_LONG_SIDE,
+                    help=f"page height limit, px (>= {MIN_LONG_SIDE}; text below it is left out)")
     args = ap.parse_args(argv)
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     if args.count < 1 or args.workers < 1:
         ap.error("--count and --workers must be >= 1")
-    opts = GenOptions(kinds=kinds, degrade=not args.clean, jpeg_quality=args.jpeg_quality)
+    if args.max_long_side < MIN_LONG_SIDE or not 1 <= args.jpeg_quality <= 95:
+        ap.error(f"--max-long-side must be >= {MIN_LONG_SIDE} and --jpeg-quality in 1..95")
+    opts = GenOptions(kinds=kinds, degrade=not args.clean, jpeg_quality=args.jpeg_quality,
+                      max_long_side=args.max_long_side, targets=not args.no_targets)
     tty = sys.stderr.isatty()
 
     def prog(i, n):

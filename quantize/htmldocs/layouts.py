@@ -428,7 +428,7 @@ def bank_statement(c: Content, s: Style) -> Doc:
     bank = (c.chars("华信恒通中兴民安广发建设招商浦发", 2) + c.pick(("银行", "商业银行", "农村商业银行"))) if c.zh() else \
         c.pick(("First", "National", "Pacific", "Union", "Metro", "Citizens")) + " " + c.company(False).split()[0] + " Bank"
     holder, acct = c.name(), c.account()
-    start, end = c.date("iso"), c.date("iso")
+    start, end = sorted((c.date("iso"), c.date("iso")))
     opening = c.money(10, 200000)
     bal = opening
     rows = []

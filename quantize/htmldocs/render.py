@@ -1,9 +1,11 @@
 """Headless Chromium rendering with per-visual-line boxes read from the DOM.
 
 Driver: Playwright (PyPI `playwright`), launched with `executable_path` pointing at the system Chromium
-(Debian's `chromium` package; `EDGEOCR_CHROMIUM` overrides), so no browser download is needed.  It is
-maintained with Chromium's DevTools protocol, handles page lifecycle, font loading and screenshots, and
-reconnects nothing by hand; a raw DevTools-over-websocket client would have to re-implement exactly that.
+(Debian's `chromium` package; `EDGEOCR_CHROMIUM` overrides), so no browser download is needed.  It works
+with that Chromium as is, is maintained alongside Chromium's DevTools protocol, and takes care of the
+browser process, page lifecycle, script evaluation and protocol sessions; a raw DevTools-over-websocket
+client (`websocket-client`) would have to re-implement exactly that.  Screenshots use Playwright's
+DevTools session directly (`Page.captureScreenshot` with its fast PNG path).
 
 One `Renderer` holds one browser and one tab and renders any number of pages in it (set content,
 measure, screenshot), which is what makes batches fast.  Per page:
