@@ -174,3 +174,17 @@ def test_committed_eval_html_set():
     assert {s.label["seed"] for s in samples} == {3003} and {s.label["source"] for s in samples} == {"htmldocs"}
     assert len({s.label["kind"] for s in samples}) >= 6
     assert sum(p.stat().st_size for p in d.iterdir()) <= 3_000_000
+
+
+def test_tight_line_height_boxes_do_not_take_the_neighbours_ink(renderer):
+    """At line-height 1.15 the font's content areas of stacked lines overlap; each box still holds only
+    its own line's ink and no line is dropped as an overlap."""
+    rows = ["根据合同约定双方应当", "Quality gyp 8421 Jg", "发票编号 INV-2026-0042", "pygmy quest 97531"]
+    body = "".join(f'<div class="t">{r}</div>' for r in rows)
+    html = (f'<html><body style="margin:0;background:#fff"><div style="padding:20px;font:40px/1.15 '
+            f'\'Noto Sans CJK SC\';color:#000">{body}</div></body></html>')
+    r = renderer.render(html, 700, 400, 300)
+    assert [ln.text for ln in r.lines] == rows
+    for a, b in zip(r.lines, r.lines[1:]):
+        assert a.box[3] <= b.box[1] + 1, (a, b)
+    assert all(ln.box[3] - ln.box[1] <= 44 for ln in r.lines)      # one line of 40 px type, not two

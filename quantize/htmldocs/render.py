@@ -40,6 +40,10 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrom
 INK_LEVEL = 200            # text-only render: a pixel darker than this is ink
 EDGE_SLACK_PX = 1          # ink searched this far left/right of a line's layout box (italic overhang)
 OVERLAP_TOL_PX = 1.0       # layout boxes may touch by this much before the later item is hidden
+# A character's layout box is the font's whole content area (Noto CJK: about 1.45 em), taller than the line
+# box at tight line heights, so boxes of stacked lines overlap without their ink touching.  Overlap is
+# judged on the middle of each box (this share cut from the top and from the bottom).
+OVERLAP_INSET = 0.22
 
 # Families the generator draws from when fontconfig lists them (sorted choice: order-independent).
 LATIN_FAMILIES = ("Liberation Sans", "Liberation Serif", "Liberation Mono", "DejaVu Sans", "DejaVu Serif",
@@ -95,7 +99,7 @@ def font_families() -> Families:
 # Reads every ".t" item: per-character Range rects grouped into visual lines; hides items that leave the
 # page or overlap an earlier one.  Returns {lines: [[item, text, x0, y0, x1, y1]], stray: text outside items}.
 MEASURE_JS = r"""
-([pageW, pageH, tol]) => {
+([pageW, pageH, tol, inset]) => {
   const items = Array.from(document.querySelectorAll('.t'));
   const stray = [];
   const tw = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
@@ -136,7 +140,8 @@ MEASURE_JS = r"""
     if (ok) {
       for (const l of lines) {
         for (const k of kept) {
-          if (l.x0 < k.x1 - tol && k.x0 < l.x1 - tol && l.y0 < k.y1 - tol && k.y0 < l.y1 - tol) { ok = false; break; }
+          const li = (l.y1 - l.y0) * inset, ki = (k.y1 - k.y0) * inset;
+          if (l.x0 < k.x1 - tol && k.x0 < l.x1 - tol && l.y0 + li < k.y1 - ki && k.y0 + ki < l.y1 - li) { ok = false; break; }
         }
         if (!ok) break;
       }
@@ -188,6 +193,34 @@ def _decode_png(data: bytes, mode: str) -> np.ndarray:
 
     from PIL import Image
     return np.asarray(Image.open(io.BytesIO(data)).convert(mode))
+
+
+def split_stacked(boxes: list[tuple[float, float, float, float]], text_only: np.ndarray) -> list[tuple[float, float, float, float]]:
+    """Layout boxes of lines stacked with overlapping content areas (tight line heights), each cut where
+    it overlaps the line above / below that shares columns with it: at the row of the overlap with the
+    least text ink (the gap between the two lines' glyphs; nearest the middle on ties), so the ink search
+    of a line does not reach into its neighbours' descenders or ascenders."""
+    if not boxes:
+        return []
+    b = np.asarray(boxes, np.float64)
+    top, bot = b[:, 1].copy(), b[:, 3].copy()
+    cy = (b[:, 1] + b[:, 3]) / 2
+    hx = (b[:, 0][:, None] < b[:, 2][None, :]) & (b[:, 0][None, :] < b[:, 2][:, None])        # share columns
+    ov = hx & (cy[:, None] < cy[None, :]) & (b[:, 3][:, None] > b[:, 1][None, :])              # i above j, touching
+    h, w = text_only.shape
+    for i, j in zip(*np.nonzero(ov)):
+        y0, y1 = max(0, int(np.floor(b[j, 1]))), min(h, int(np.ceil(b[i, 3])))
+        x0, x1 = max(0, int(max(b[i, 0], b[j, 0]))), min(w, int(np.ceil(min(b[i, 2], b[j, 2]))))
+        mid = (b[i, 3] + b[j, 1]) / 2
+        if y1 > y0 and x1 > x0:
+            ink = (text_only[y0:y1, x0:x1] < INK_LEVEL).sum(axis=1)
+            rows = np.arange(y0, y1)
+            cut = float(rows[np.lexsort((np.abs(rows + 0.5 - mid), ink))[0]])   # least ink, then nearest the middle
+        else:
+            cut = mid
+        bot[i] = min(bot[i], cut)
+        top[j] = max(top[j], cut + 1)
+    return [(float(x0), float(t), float(x1), float(u)) for (x0, _, x1, _), t, u in zip(b, top, bot)]
 
 
 def ink_box(text_only: np.ndarray, layout: tuple[float, float, float, float]) -> tuple[int, int, int, int] | None:
@@ -265,16 +298,17 @@ class Renderer:
         height = int(min(max_height, max(min_height, full)))
         if height != max_height:
             p.set_viewport_size({"width": int(width), "height": height})
-        res = p.evaluate(MEASURE_JS, [width, height, OVERLAP_TOL_PX])
+        res = p.evaluate(MEASURE_JS, [width, height, OVERLAP_TOL_PX, OVERLAP_INSET])
         if res["stray"]:
             raise RenderError(f"text outside a .t item (it would be unlabelled): {res['stray'][:3]}")
         image = _decode_png(self._screenshot(width, height), "RGB")
         p.evaluate(self._toggle, True)
         gray = _decode_png(self._screenshot(width, height), "L")
         p.evaluate(self._toggle, False)
+        boxes = split_stacked([tuple(ln[2:]) for ln in res["lines"]], gray)
         lines = []
-        for idx, text, *box in res["lines"]:
-            ib = ink_box(gray, tuple(box)) if text else None
+        for (idx, text, *_), box in zip(res["lines"], boxes):
+            ib = ink_box(gray, box) if text else None
             if ib is not None:
                 lines.append(TextLine(text, ib, int(idx)))
         return Rendered(image, gray, tuple(lines))
