@@ -272,7 +272,7 @@ def receipt(c: Content, s: Style) -> Doc:
         price = c.money(0.8, 300)
         amt = price * q
         total += amt
-        name = c.product() if c.chance(0.6) else c.pick(("牛奶", "面包", "咖啡", "苹果", "Milk", "Bread", "Coffee")) + " " + c.code("99")
+        name = c.product() if c.chance(0.6) else (c.pick(("牛奶", "面包", "咖啡", "苹果", "酸奶", "鸡蛋")) if c.zh() else c.pick(("Milk", "Bread", "Coffee", "Eggs", "Juice"))) + " " + c.code("99")
         if c.chance(0.5):
             parts.append(f'<div style="display:flex;justify-content:space-between;gap:8px">{t(name)}'
                          f'{t(c.fmt_money(amt), "m", "white-space:nowrap")}</div>')
@@ -428,18 +428,22 @@ def bank_statement(c: Content, s: Style) -> Doc:
     bank = (c.chars("华信恒通中兴民安广发建设招商浦发", 2) + c.pick(("银行", "商业银行", "农村商业银行"))) if c.zh() else \
         c.pick(("First", "National", "Pacific", "Union", "Metro", "Citizens")) + " " + c.company(False).split()[0] + " Bank"
     holder, acct = c.name(), c.account()
-    start, end = sorted((c.date("iso"), c.date("iso")))
+    n_rows = c.n(6, 26)
+    y, m = c.n(2015, 2027), c.n(1, 12)                              # a one-month statement
+    sep = c.pick(("-", "/", "."))
+    days = [f"{y}{sep}{m:02d}{sep}{d:02d}" for d in [1] + sorted(c.n(1, 28) for _ in range(n_rows)) + [28]]
+    start, end = days[0], days[-1]
     opening = c.money(10, 200000)
     bal = opening
     rows = []
-    for _ in range(c.n(6, 26)):
+    for day in days[1:-1]:
         amt = c.money(1, 20000)
-        debit = c.chance(0.55)
+        debit = c.chance(0.55) and amt <= bal                        # no overdraft
         bal = bal - amt if debit else bal + amt
         desc = c.pick((c.bi("转账", "Transfer") + " " + c.name(), c.bi("消费", "POS") + " " + c.company(),
                        c.bi("工资", "Salary") + " " + c.code("999999"), c.bi("利息", "Interest"),
                        c.bi("手续费", "Fee") + " " + c.code("AA99"), c.bi("ATM取款", "ATM withdrawal") + " " + c.code("9999")))
-        rows.append([c.date("iso"), desc, c.fmt_money(amt) if debit else "", "" if debit else c.fmt_money(amt),
+        rows.append([day, desc, c.fmt_money(amt) if debit else "", "" if debit else c.fmt_money(amt),
                      c.fmt_money(bal)])
     rows = [[v if v else "-" for v in r] for r in rows]
     header = [c.bi("交易日期", "Date"), c.bi("摘要", "Description"), c.bi("支出", "Debit"), c.bi("存入", "Credit"),
