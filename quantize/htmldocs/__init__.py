@@ -203,6 +203,8 @@ def generate(out: Path, count: int, seed: int, opts: GenOptions = GenOptions(), 
                     p.terminate()
                     p.join()
         if errors or any(p.exitcode for p in procs):
+            for part in parts:
+                Path(part).unlink(missing_ok=True)
             raise RuntimeError(f"htmldocs worker failed: {errors[0] if errors else 'exit code ' + str([p.exitcode for p in procs])}")
         records = []
         for part in parts:
