@@ -3,6 +3,7 @@ determinism, the command line.  Needs the system Chromium and Playwright (script
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import numpy as np
@@ -19,7 +20,7 @@ from quantize.htmldocs.render import RenderError, find_chromium
 def _require_browser() -> None:
     try:
         find_chromium()
-        import playwright.sync_api  # noqa: F401
+        importlib.import_module("playwright.sync_api")
     except (RenderError, ImportError) as e:
         pytest.fail(f"quantize.htmldocs needs Chromium and Playwright (run scripts/setup.sh as root): {e}")
 

@@ -172,6 +172,7 @@ def generate(out: Path, count: int, seed: int, opts: GenOptions = GenOptions(), 
         if progress:
             progress(done, count)
 
+    log.info("htmldocs: pages %d..%d, seed %d, %d browser(s) -> %s", start, start + count - 1, seed, workers, out)
     if workers == 1:
         records = _render_share(str(out), indices, seed, opts, None, progress=tick)
     else:

@@ -201,7 +201,7 @@ class Content:
         return self.pick((self.code("(999) 999-9999"), self.code("+1 999 999 9999"), self.code("999.999.9999"),
                           self.code("+44 99 9999 9999"), self.code("+86 999 9999 9999")))
 
-    def email(self, name: str | None = None) -> str:
+    def email(self) -> str:
         user = self.pick((self.pick(SYL_A).lower() + self.pick(SYL_B), self.pick(FIRST_EN).lower(),
                           self.code("aaaa99"), "info", "sales", "billing", "service"))
         dom = self.pick(SYL_A).lower() + self.pick(SYL_B) + self.pick((".com", ".cn", ".com.cn", ".net", ".io", ".co"))

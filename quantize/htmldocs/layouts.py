@@ -394,7 +394,7 @@ def letter(c: Content, s: Style) -> Doc:
     sender = c.name()
     parts.append(t(sender, "h", f"margin-top:{c.n(20, 50)}px"))
     parts.append(t(c.bi(c.pick(("总经理", "财务经理", "项目负责人")), c.pick(("General Manager", "Finance Manager", "Project Lead"))), "mut"))
-    return Doc("letter", c.lang, w, "".join(parts), css=f"p {{ margin: 0; }}", fields={"date": dt, "recipient": to, "sender": sender})
+    return Doc("letter", c.lang, w, "".join(parts), css="p { margin: 0; }", fields={"date": dt, "recipient": to, "sender": sender})
 
 
 def shipping_note(c: Content, s: Style) -> Doc:
