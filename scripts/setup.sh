@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Set up a development/CI environment in .venv: CPU torch (pinned, from the local wheel where present),
-# edgeocr with its export, data and dev extras, and the fonts the document generator renders with.
+# edgeocr with its export, data and dev extras, the fonts the document generators render with and Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     need=""
     fc-list 2>/dev/null | grep -qi "Noto Sans CJK" || need="$need fonts-noto-cjk fonts-wqy-microhei fonts-arphic-uming fonts-liberation2 fonts-dejavu-core fontconfig"
-    command -v chromium >/dev/null || need="$need chromium"          # the daemon's web page test
+    command -v chromium >/dev/null || need="$need chromium"          # the daemon's web page test, quantize.htmldocs
     command -v systemd-analyze >/dev/null || need="$need systemd"    # unit file verification
     if [ -n "$need" ]; then
         apt-get update -qq
