@@ -9,6 +9,7 @@
     python -m quantize tiny OUT [--config tiny-a|tiny-b] [--seed N]
     python -m quantize train ...       (the demo model's trainer: python -m quantize train --help)
     python -m quantize docgen ...      (the synthetic business-document generator)
+    python -m quantize htmldocs OUT --count N --seed S [--workers W]   (HTML/CSS documents via headless Chromium)
 """
 
 from __future__ import annotations
@@ -128,12 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("train", help="train the demo model (options: python -m quantize train --help)", add_help=False)
     sub.add_parser("docgen", help="generate synthetic business documents (python -m quantize docgen --help)",
                    add_help=False)
+    sub.add_parser("htmldocs", help="render HTML/CSS business documents and reading pages in headless Chromium "
+                   "(python -m quantize htmldocs --help)", add_help=False)
     ap.add_argument("-v", "--verbose", action="store_true")
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("train", "docgen"):          # their own argument parsers
+    if argv and argv[0] in ("train", "docgen", "htmldocs"):          # their own argument parsers
         if argv[0] == "train":
             from quantize.train import main as train_main
             return train_main(argv[1:])
+        if argv[0] == "htmldocs":
+            from quantize.htmldocs import main as htmldocs_main
+            return htmldocs_main(argv[1:])
         from quantize.docgen import main as docgen_main
         return docgen_main(argv[1:])
     args = ap.parse_args(argv)

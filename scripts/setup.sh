@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Set up a development/CI environment in .venv: CPU torch (pinned, from the local wheel where present),
-# edgeocr with its export, data, dev and peer extras, the fonts the document generator renders with, and
-# Tesseract (scripts/peer_compare.py).
+# edgeocr with its export, data, dev and peer extras, the fonts the document generators render with,
+# Chromium (the HTML document generator, the daemon's page test) and Tesseract (scripts/peer_compare.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     need=""
     fc-list 2>/dev/null | grep -qi "Noto Sans CJK" || need="$need fonts-noto-cjk fonts-wqy-microhei fonts-arphic-uming fonts-liberation2 fonts-dejavu-core fontconfig"
-    command -v chromium >/dev/null || need="$need chromium"          # the daemon's web page test
+    command -v chromium >/dev/null || need="$need chromium"          # the daemon's web page test, quantize.htmldocs
     command -v systemd-analyze >/dev/null || need="$need systemd"    # unit file verification
     # scripts/peer_compare.py: Tesseract 5 with the Simplified Chinese and English models
     { command -v tesseract >/dev/null && tesseract --list-langs 2>/dev/null | grep -qx chi_sim; } \

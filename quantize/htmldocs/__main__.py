@@ -1,0 +1,3 @@
+from quantize.htmldocs import main
+
+raise SystemExit(main())
