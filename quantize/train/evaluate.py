@@ -15,7 +15,7 @@ def eval_pages(model_dir: Path, n: int, tokens: int = 700, device: str | None = 
     from edgeocr import metrics
     from edgeocr.dataset import load_dir
     from edgeocr.decode import DecodeOptions
-    from edgeocr.reference import TransformersRunner
+    from quantize.reference import TransformersRunner
 
     runner = TransformersRunner(str(model_dir), device or ("cuda" if _cuda() else "cpu"), dtype=dtype)
     root = Path(__file__).resolve().parents[2] / "calibration_data" / "eval"

@@ -92,7 +92,7 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
     torch.manual_seed(cfg.seed)
     tokenizer = opts.tokenizer
     own_tok = out / "checkpoint" / "tokenizer.json"
-    if opts.resume and opts.init is None and tokenizer is None and own_tok.exists():
+    if opts.resume and opts.init is None and own_tok.exists():
         tokenizer = own_tok                       # a resumed run keeps its tokenizer (no rebuild)
     model, ids = make_model(cfg, out, opts.init, tokenizer)
     tok = Tokenizer.from_file(str(out / "checkpoint" / "tokenizer.json"))

@@ -148,7 +148,7 @@ def _to_device(canv: np.ndarray, meta: dict, device) -> PagePool:
     n = canv.shape[0]
     out = torch.empty((n, *canv.shape[1:]), dtype=torch.uint8, device=device)
     for a in range(0, n, 256):                   # in chunks: host memory stays small
-        out[a:a + 256].copy_(torch.from_numpy(np.ascontiguousarray(canv[a:a + 256])))
+        out[a:a + 256].copy_(torch.from_numpy(np.array(canv[a:a + 256])))
     return PagePool(canvases=out, targets=torch.from_numpy(meta["targets"]).to(device),
                     lengths=np.asarray(meta["lengths"]), shifts=torch.from_numpy(meta["shifts"]).to(device),
                     chars=torch.from_numpy(meta["chars"]).to(device))
