@@ -45,6 +45,10 @@ def test_train_resume_export_run(tmp_path):
     rows = eval_pages(ck, 1, tokens=3, device="cpu")
     assert len(rows) == 1 and rows[0]["image"] == "000000.jpg" and 1 <= rows[0]["tokens"] <= 3
     assert rows[0]["cer"] > 0.5                     # three tokens cannot cover a page
+    more = tmp_path / "more"                        # --init: continue a checkpoint (its sizes, its tokenizer)
+    _train(more, 1, "--init", str(ck), tokenizer=None)
+    assert (more / "checkpoint" / "tokenizer.json").read_bytes() == (ck / "tokenizer.json").read_bytes()
+    assert json.loads((more / "run_summary.json").read_text())["recipe"]["init"] == str(ck)
 
 
 def test_resume_keeps_the_stored_step_count(tmp_path):
@@ -70,6 +74,14 @@ def test_time_schedule_ends_on_time_across_resume(tmp_path):
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert 4.0 <= log[-1]["elapsed_s"] < 4.0 + 3 * max(x["step_s"] for x in log)
     assert [x["step"] for x in log] == list(range(1, len(log) + 1))
+    # the run's summary: both invocations, page views = batch x steps, throughput; no GPU here
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert len(summary["invocations"]) == 2 and summary["recipe"]["gpu_seconds"] == 4
+    total = summary["total"]
+    assert total["finished"] and total["steps"] == len(log) and total["page_views"] == 2 * len(log)
+    assert abs(total["train_s"] - log[-1]["elapsed_s"]) < 0.2 and total["gpu_busy_pct"] is None
+    assert abs(total["page_views_per_s"] - total["page_views"] / total["train_s"]) < 0.01
+    assert all(x["page_views_s"] > 0 for x in log)
     # each step's learning rate follows the seconds trained before it: warm-up x cosine over 4 s
     for x in log:
         before = max(0.0, x["elapsed_s"] - x["step_s"])

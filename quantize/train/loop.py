@@ -90,11 +90,10 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
     device = opts.device
     cuda = device.startswith("cuda")
     torch.manual_seed(cfg.seed)
-    tokenizer = opts.tokenizer
-    own_tok = out / "checkpoint" / "tokenizer.json"
-    if opts.resume and opts.init is None and own_tok.exists():
-        tokenizer = own_tok                       # a resumed run keeps its tokenizer (no rebuild)
-    model, ids = make_model(cfg, out, opts.init, tokenizer)
+    init = opts.init
+    if opts.resume and state_path.exists() and (out / "checkpoint" / "config.json").exists():
+        init = out / "checkpoint"                 # a resumed run keeps its own architecture and tokenizer
+    model, ids = make_model(cfg, out, init, opts.tokenizer)
     tok = Tokenizer.from_file(str(out / "checkpoint" / "tokenizer.json"))
     model.to(device)
     vc = model.config.vision_config
@@ -110,7 +109,8 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
     by_time = bool(opts.gpu_seconds) and not opts.steps_given
     gpu_seconds = opts.gpu_seconds
     step, total, trained_s = 0, (None if by_time else cfg.steps), 0.0
-    if opts.resume and state_path.exists():
+    resumed = opts.resume and state_path.exists()
+    if resumed:
         st = torch.load(state_path, map_location=device, weights_only=False)
         model.load_state_dict(st["model"])
         if glyph is not None and st.get("glyph_head"):
@@ -146,7 +146,9 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
     gen = torch.Generator(device=device)
     name = torch.cuda.get_device_name(torch.device(device)) if cuda else "cpu"
     busy = GpuBusy(torch.device(device).index or 0).start() if cuda else None
-    summary = RunSummary(out / "run_summary.json", cfg.to_json(), device, name)
+    recipe = {**cfg.to_json(), "init": str(opts.init) if opts.init else None,
+              "gpu_seconds": gpu_seconds if by_time else None, "pages": list(opts.page_dirs), "compile": opts.compile}
+    summary = RunSummary(out / "run_summary.json", recipe, device, name, continued=step > 0 or resumed)
     views_here, secs_here, steps_here = 0, 0.0, 0
 
     def progress() -> float:                # share of the run done, 0..1

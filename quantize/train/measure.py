@@ -73,10 +73,11 @@ class RunSummary:
     """OUT/run_summary.json: the recipe and, per invocation and in all, training seconds, steps, page
     views, page views/s and mean GPU busy %."""
 
-    def __init__(self, path: Path, recipe: dict, device: str, device_name: str):
+    def __init__(self, path: Path, recipe: dict, device: str, device_name: str, continued: bool):
+        """`continued`: this invocation resumes the run (its recipe is the first invocation's)."""
         self.path = path
-        prev = json.loads(path.read_text()) if path.exists() else {}
-        self.data = {"recipe": recipe, "invocations": prev.get("invocations", [])}
+        prev = json.loads(path.read_text()) if continued and path.exists() else {}
+        self.data = {"recipe": prev.get("recipe", recipe), "invocations": prev.get("invocations", [])}
         self.current = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "device": device,
                         "device_name": device_name, "train_s": 0.0, "steps": 0, "page_views": 0,
                         "page_views_per_s": None, "gpu_busy_pct": None, "pool_s": None}
