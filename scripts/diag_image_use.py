@@ -24,10 +24,12 @@ def main() -> int:
     from tokenizers import Tokenizer
     from transformers import HunYuanVLForConditionalGeneration
 
-    from edgeocr.preprocess import letterbox
-    from quantize.docgen import GenOptions, make_document
     from quantize.tokenizer_build import special_ids
-    from quantize.train import TASKS, TrainConfig, canvas_target, collate, reading_page
+    from quantize.train.augment import to_pixels
+    from quantize.train.batch import Prompts
+    from quantize.train.config import TrainConfig
+    from quantize.train.forward import IGNORE, BatchedHunYuanVL
+    from quantize.train.pages import TASKS, Page, generated_page, reading_page, spotting_target
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint")
@@ -37,16 +39,30 @@ def main() -> int:
     ck = Path(args.checkpoint)
     model = HunYuanVLForConditionalGeneration.from_pretrained(str(ck), dtype=torch.float32).to(args.device).eval()
     tok = Tokenizer.from_file(str(ck / "tokenizer.json"))
-    ids, cfg = special_ids(tok), TrainConfig()
+    ids, limit = special_ids(tok), TrainConfig().max_target_tokens
+    fwd = BatchedHunYuanVL(model, image_start=0)
+    pr = Prompts(tok, ids, fwd.geo.image_tokens, args.device)
+    fwd = BatchedHunYuanVL(model, image_start=pr.image_start)
+
+    def loss(canvas: np.ndarray, task: int, target: str) -> float:
+        """Teacher-forced answer loss of one page (the trainer's forward, no augmentation)."""
+        p = pr.ids[task, :pr.lengths[task]].tolist()
+        t = tok.encode(target).ids
+        t = t[:limit] if len(t) > limit else t + [ids["eos_token_id"]]
+        x = torch.tensor([p + t], device=args.device)
+        lab = torch.tensor([[IGNORE] * len(p) + t], device=args.device)
+        c = torch.from_numpy(canvas)[None].to(args.device)
+        with torch.no_grad():
+            return float(fwd(x, lab, to_pixels(c, torch.zeros(1, 2, dtype=torch.int32), 0.0, None),
+                             first=len(p) - 1).loss)
 
     def docs(i):
-        img, rec = make_document(i, 2002, GenOptions(degrade_prob=0.5))
-        canvas, lb = letterbox(img)
-        return canvas, rec, lb.scale
+        g = generated_page(i, 2002, 0.0, 0.5)
+        return g.canvas, g
 
     def reading(i):
         canvas, rec = reading_page(i, 9090, 1.0)
-        return canvas, rec, 1.0
+        return canvas, Page(canvas, rec["text"], tuple((ln["text"], tuple(ln["box"])) for ln in rec["lines"]))
 
     blank = np.full_like(docs(0)[0], 255)
     for name, make in (("business documents", docs), ("reading pages", reading)):
@@ -54,13 +70,11 @@ def main() -> int:
         out = {}
         for cond in ("own image", "blank page", "another page's image"):
             losses = []
-            for i, (canvas, rec, scale) in enumerate(pages):
-                task = TASKS[i % len(TASKS)]
+            for i, (canvas, page) in enumerate(pages):
+                task = i % len(TASKS)
                 img = {"own image": canvas, "blank page": blank,
                        "another page's image": pages[(i + 1) % len(pages)][0]}[cond]
-                batch = [(img, task, canvas_target(rec, scale, task), None)]
-                with torch.no_grad():
-                    losses.append(float(model(**collate(batch, ids, tok, cfg, args.device)).loss))
+                losses.append(loss(img, task, page.text if task == 0 else spotting_target(page)))
             out[cond] = float(np.mean(losses))
         print(f"{name} ({args.pages} pages): " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()), flush=True)
     return 0

@@ -6,15 +6,20 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 from edgeocr.decode import DecodeOptions
 from edgeocr.model import OCRModel
 
 
-def _train(out, steps, *extra):
+DEMO_TOKENIZER = str(Path(__file__).resolve().parents[1] / "demo_model" / "tokenizer.json")
+
+
+def _train(out, steps, *extra, tokenizer=DEMO_TOKENIZER):
     steps_arg = ["--steps", str(steps)] if steps else []
+    tok = ["--tokenizer", tokenizer] if tokenizer else []
     r = subprocess.run([sys.executable, "-m", "quantize.train", str(out), "--tiny", *steps_arg, "--batch", "2",
-                        "--workers", "2", "--eval-every", "0", "--device", "cpu", *extra],
+                        "--pool-pages", "4", "--workers", "2", "--eval-every", "0", "--device", "cpu", *tok, *extra],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
@@ -22,7 +27,7 @@ def _train(out, steps, *extra):
 
 def test_train_resume_export_run(tmp_path):
     out = tmp_path / "run"
-    _train(out, 2)
+    _train(out, 2, tokenizer=None)                          # a fresh tokenizer, built from generator text
     r = _train(out, 3, "--resume", "--budget-s", "0")       # a time-limited invocation stops with state saved
     assert "budget of 0 s reached at step 2" in r.stderr
     r = _train(out, 3, "--resume")
@@ -40,6 +45,10 @@ def test_train_resume_export_run(tmp_path):
     rows = eval_pages(ck, 1, tokens=3, device="cpu")
     assert len(rows) == 1 and rows[0]["image"] == "000000.jpg" and 1 <= rows[0]["tokens"] <= 3
     assert rows[0]["cer"] > 0.5                     # three tokens cannot cover a page
+    more = tmp_path / "more"                        # --init: continue a checkpoint (its sizes, its tokenizer)
+    _train(more, 1, "--init", str(ck), tokenizer=None)
+    assert (more / "checkpoint" / "tokenizer.json").read_bytes() == (ck / "tokenizer.json").read_bytes()
+    assert json.loads((more / "run_summary.json").read_text())["recipe"]["init"] == str(ck)
 
 
 def test_resume_keeps_the_stored_step_count(tmp_path):
@@ -56,15 +65,23 @@ def test_resume_keeps_the_stored_step_count(tmp_path):
 
 def test_time_schedule_ends_on_time_across_resume(tmp_path):
     """--gpu-seconds: the schedule runs on seconds trained; a budget-stopped invocation resumes on the same
-    time schedule and the run ends once the seconds are trained, learning rate decayed, curriculum done."""
+    time schedule and the run ends once the seconds are trained, learning rate decayed."""
     out = tmp_path / "timed"
-    r = _train(out, None, "--gpu-seconds", "4", "--budget-s", "1.5", "--curriculum", "0.5", "--reuse", "2")
+    r = _train(out, None, "--gpu-seconds", "4", "--budget-s", "1.5")
     assert "state saved" in r.stderr
     r = _train(out, None, "--resume")
     assert "resumed at step" in r.stderr and " of 4 s" in r.stderr and "done:" in r.stderr
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert 4.0 <= log[-1]["elapsed_s"] < 4.0 + 3 * max(x["step_s"] for x in log)
     assert [x["step"] for x in log] == list(range(1, len(log) + 1))
+    # the run's summary: both invocations, page views = batch x steps, throughput; no GPU here
+    summary = json.loads((out / "run_summary.json").read_text())
+    assert len(summary["invocations"]) == 2 and summary["recipe"]["gpu_seconds"] == 4
+    total = summary["total"]
+    assert total["finished"] and total["steps"] == len(log) and total["page_views"] == 2 * len(log)
+    assert abs(total["train_s"] - log[-1]["elapsed_s"]) < 0.2 and total["gpu_busy_pct"] is None
+    assert abs(total["page_views_per_s"] - total["page_views"] / total["train_s"]) < 0.01
+    assert all(x["page_views_s"] > 0 for x in log)
     # each step's learning rate follows the seconds trained before it: warm-up x cosine over 4 s
     for x in log:
         before = max(0.0, x["elapsed_s"] - x["step_s"])
@@ -78,49 +95,6 @@ def _page(tmp_path):
     p = tmp_path / "page.png"
     img.save(p)
     return p
-
-
-def test_page_feed_reuse_is_seeded_and_keeps_new_pages():
-    """--reuse R: each batch holds batch/R newly rendered pages plus seeded draws from earlier ones."""
-    from quantize.train import PageFeed, TrainConfig
-
-    def fake_render(job):
-        index, seed, frac, level = job
-        return index, frac, level
-
-    cfg = TrainConfig(batch=8, reuse=4, replay_pages=6, seed=3)
-    feeds = [PageFeed(cfg, None, lambda: (0.5, 0.25), render_fn=fake_render) for _ in range(2)]
-    runs = [[f.take() for _ in range(5)] for f in feeds]
-    assert runs[0] == runs[1]                                   # same seed, same batches
-    seen = []
-    for k, batch in enumerate(runs[0]):
-        new = [p[0] for p in batch[:2]]
-        assert new == [2 * k, 2 * k + 1]                       # 8 / 4 = 2 new pages, in order
-        assert len(batch) == (2 if k == 0 else 8)              # nothing to replay before the first pages
-        assert all(p[0] in seen[-6:] for p in batch[2:])        # replayed pages come from the last 6 rendered
-        assert all(p[1:] == (0.5, 0.25) for p in batch)        # the schedule reaches the renderer
-        seen += new
-    plain = PageFeed(TrainConfig(batch=4), None, lambda: (0.0, 1.0), render_fn=fake_render)
-    assert [p[0] for p in plain.take()] == [0, 1, 2, 3] and not plain.replay
-
-
-def test_glyph_cells_place_characters_in_their_token():
-    """The encoder's auxiliary targets: each character lands in the 32x32 cell its share of the line box
-    puts it in (CJK counts double width), numbered in reading order inside its cell; spaces are skipped,
-    unknown characters get the 'other' class, characters past SLOTS in one cell are left out."""
-    from quantize.train import GRID, SLOTS, _charset_index, glyph_cells
-
-    idx = _charset_index()
-    cells = glyph_cells([{"text": "AB 中", "box": [0, 40, 160, 60]}, {"text": "€", "box": [64, 0, 80, 10]}], 1.0)
-    # widths 1,1,1,2 of 5 over 160 px: centres 16, 48, (space), 128 -> columns 0, 1, 4; row 50 // 32 = 1
-    assert cells.tolist() == [[GRID + 0, 0, idx["A"]], [GRID + 1, 0, idx["B"]], [GRID + 4, 0, idx["中"]],
-                              [2, 0, len(idx)]]
-    half = glyph_cells([{"text": "A", "box": [0, 40, 160, 60]}], 0.5)      # page -> canvas scale
-    assert half.tolist() == [[1, 0, idx["A"]]]                                # centre 40 -> column 1, row 0
-    # two lines in one row of cells: the first line's characters first, then the second's
-    two = glyph_cells([{"text": "12", "box": [0, 2, 30, 14]}, {"text": "345678", "box": [0, 16, 30, 28]}], 1.0)
-    assert two[:, 0].tolist() == [0] * SLOTS and two[:, 1].tolist() == list(range(SLOTS))
-    assert two[:, 2].tolist() == [idx[c] for c in "123456"]
 
 
 def test_glyph_loss_trains_and_stays_out_of_the_checkpoint(tmp_path):

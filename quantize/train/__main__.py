@@ -1,0 +1,82 @@
+"""Command line of the trainer (`python -m quantize train`, `python -m quantize.train`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from quantize.train.config import TrainConfig, tiny
+
+
+def parser() -> argparse.ArgumentParser:
+    import quantize.train as pkg
+    d = TrainConfig()
+    ap = argparse.ArgumentParser(prog="python -m quantize train", description=pkg.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path, help="run folder: checkpoint/, pool/, train_log.jsonl, run_summary.json")
+    ap.add_argument("--init", type=Path, help="continue from this checkpoint (e.g. demo_model) instead of random weights")
+    ap.add_argument("--tokenizer", type=Path, help="fresh model: this tokenizer.json instead of building one")
+    ap.add_argument("--steps", type=int, help=f"optimizer steps (default {d.steps}; on --resume, the first "
+                    "invocation's schedule)")
+    ap.add_argument("--gpu-seconds", type=float, help="run the schedule on this many seconds of training")
+    ap.add_argument("--budget-s", type=float, help="stop this invocation after S seconds, state saved")
+    ap.add_argument("--resume", action="store_true", help="continue OUT/train_state.pt")
+    ap.add_argument("--batch", type=int, default=d.batch, help=f"page views per step (default {d.batch})")
+    ap.add_argument("--lr", type=float, default=d.lr)
+    ap.add_argument("--warmup", type=int, default=d.warmup)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--pool-pages", type=int, default=d.pool_pages, help=f"generated pages (default {d.pool_pages})")
+    ap.add_argument("--pages", type=Path, action="append", default=[],
+                    help="also a folder of labelled pages (NNNNNN.jpg + labels.jsonl, calibration_data format); "
+                    "repeatable")
+    ap.add_argument("--data-seed", type=int, default=d.data_seed)
+    ap.add_argument("--reading-frac", type=float, default=d.reading_frac,
+                    help="share of random-line reading pages among the generated pages")
+    ap.add_argument("--shifts", type=int, default=d.shifts, help="shifted placements per page")
+    ap.add_argument("--augment", type=float, default=d.augment,
+                    help="probability of each photometric augmentation per page view (0 = off)")
+    ap.add_argument("--glyph-loss", type=float, default=d.glyph_loss,
+                    help="weight of the encoder's per-cell character loss (0 = off)")
+    ap.add_argument("--workers", type=int, default=0, help="rendering processes (default: every core)")
+    ap.add_argument("--eval-every", type=int, default=d.eval_every)
+    ap.add_argument("--eval-images", type=int, default=d.eval_images)
+    ap.add_argument("--log-every", type=int, default=d.log_every)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the forward")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--threads", type=int, help="torch CPU threads")
+    ap.add_argument("--tiny", action="store_true", help="very small model sizes (tests, CPU measurements)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stderr)
+    for noisy in ("httpx", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    cfg = TrainConfig(steps=args.steps or TrainConfig.steps, batch=args.batch, lr=args.lr, warmup=args.warmup,
+                      seed=args.seed, pool_pages=args.pool_pages, data_seed=args.data_seed,
+                      reading_frac=args.reading_frac, shifts=args.shifts, augment=args.augment,
+                      glyph_loss=args.glyph_loss, workers=args.workers or (os.cpu_count() or 1),
+                      eval_every=args.eval_every, eval_images=args.eval_images, log_every=args.log_every)
+    if args.tiny:
+        cfg = tiny(cfg)
+        cfg = replace(cfg, eval_images=min(cfg.eval_images, args.eval_images))
+    from quantize.train.loop import RunOptions, train
+    train(args.out, cfg, RunOptions(
+        device=args.device, resume=args.resume, init=args.init, tokenizer=args.tokenizer,
+        gpu_seconds=args.gpu_seconds, budget_s=args.budget_s, page_dirs=tuple(str(p) for p in args.pages),
+        compile=args.compile,
+        steps_given=args.steps is not None or (not args.gpu_seconds and not args.resume)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
