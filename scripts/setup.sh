@@ -23,4 +23,10 @@ PY=${PYTHON:-python3}
 # torch first, pinned: an unpinned torch pulls a multi-GB CUDA build
 .venv/bin/pip install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/pip install -q -e '.[cpu,export,data,dev,peer]' 2>&1 | grep -v "^WARNING: Location" || true
+# rapidocr_onnxruntime requires opencv-python (the GUI build, which needs libGL); both it and the headless build
+# provide cv2, so the headless one is written last
+if .venv/bin/pip show -q opencv-python >/dev/null 2>&1; then
+    v=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('opencv-python-headless'))")
+    .venv/bin/pip install -q --force-reinstall --no-deps "opencv-python-headless==$v" 2>&1 | grep -v "^WARNING: Location" || true
+fi
 .venv/bin/python -c "import torch, transformers, onnxruntime, edgeocr; print('edgeocr', edgeocr.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| onnxruntime', onnxruntime.__version__)"
