@@ -4,7 +4,7 @@
 
 Decoding one token reads every decoder weight once and does little arithmetic with it, so on a GPU its
 speed is set by weight bytes, not by the arithmetic's precision.  The calibrated INT8 artifact
-(`quantize build --precision int8`: explicit Q/DQ on weights *and* activations) is made for TensorRT,
+(`python -m quantize int8`: explicit Q/DQ on weights *and* activations) is made for TensorRT,
 which fuses Q/DQ into INT8 kernels; ONNX Runtime's CUDA provider runs those Q/DQ pairs as separate
 dequantize kernels, so it decodes slower than FP16 there.  This flavour keeps the activations in the
 artifact's own precision (FP16 for GPUs) and stores each MatMul weight as symmetric 8-bit integers with

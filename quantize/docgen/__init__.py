@@ -88,13 +88,18 @@ def generate(out: Path, n: int, seed: int, opts: GenOptions = GenOptions(), star
         records.append(rec)
         if progress:
             progress(i - start + 1, n)
+    write_labels(out, records)
+    return records
+
+
+def write_labels(out: Path, records: list[dict]) -> None:
+    """out/labels.jsonl, one record per line, replaced atomically (readable by a daemon user)."""
     fd, tmp = tempfile.mkstemp(dir=out, prefix=".labels.", suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         for rec in records:
             f.write(json.dumps(rec, ensure_ascii=False, sort_keys=True) + "\n")
     os.chmod(tmp, 0o644)
     os.replace(tmp, out / "labels.jsonl")
-    return records
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,6 @@ import io
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -159,6 +158,8 @@ def generate(out: Path, count: int, seed: int, opts: GenOptions = GenOptions(), 
              start: int = 0, progress: Callable[[int, int], None] | None = None) -> list[dict]:
     """Write pages start..start+count-1 and labels.jsonl (atomically) into `out`, with `workers`
     browsers in parallel processes (page i goes to worker i mod W; output is the same for any W)."""
+    from quantize.docgen import write_labels
+
     _check_kinds(opts.kinds)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -213,12 +214,7 @@ def generate(out: Path, count: int, seed: int, opts: GenOptions = GenOptions(), 
                 records += [json.loads(line) for line in f]
             os.remove(part)
         records.sort(key=lambda r: r["image"])
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".labels.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False, sort_keys=True) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out / "labels.jsonl")
+    write_labels(out, records)
     return records
 
 
