@@ -58,7 +58,8 @@ def main() -> int:
         lab = torch.tensor([[IGNORE] * len(p) + t], device=args.device)
         c = torch.from_numpy(canvas)[None].to(args.device)
         with torch.no_grad():
-            o = fwd(x, lab, to_pixels(c, torch.zeros(1, 2, dtype=torch.int32), 0.0, None), first=len(p) - 1)
+            o = fwd(x, lab, to_pixels(c, torch.zeros(1, 2, dtype=torch.int32, device=args.device), 0.0, None),
+                    first=len(p) - 1)
         pred = o.logits[0, :-1].argmax(-1)                                 # predictions of the answer tokens
         acc = float((pred == torch.tensor(t, device=pred.device)).float().mean())
         return float(o.loss), acc
