@@ -161,6 +161,36 @@ def save_graph(model, path: Path) -> None:
         onnx.checker.check_model(str(path))
 
 
+def load_graph(path: Path):
+    """An ONNX graph with its external weights, read here rather than by onnx.load: onnx (>= 1.17) refuses a data
+    file with more than one hard link, and `quantize reslot` hard-links an artifact's files into the new one."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    files: dict[str, bytes] = {}
+    for t in _get_all_tensors(model):
+        if not uses_external_data(t):
+            continue
+        info = ExternalDataInfo(t)
+        loc = Path(info.location)
+        if loc.is_absolute() or ".." in loc.parts or not (path.parent / loc).is_file():
+            raise ValueError(f"{path}: tensor {t.name!r} points outside the artifact or at a missing file "
+                             f"({info.location!r})")
+        if info.location not in files:
+            files[info.location] = (path.parent / loc).read_bytes()
+        blob = files[info.location]
+        start = info.offset or 0
+        end = len(blob) if info.length is None else start + info.length
+        if end > len(blob):
+            raise ValueError(f"{path}: tensor {t.name!r} reads past the end of {info.location}")
+        t.raw_data = blob[start:end]
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+    return model
+
+
 def _opset(model) -> int:
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
@@ -585,8 +615,6 @@ def fuse_artifact(src: Path, out: Path, opts: FuseOptions = FuseOptions(),
     """FP16 or FP32 artifact -> the same artifact with fused graphs (OUT may equal SRC: fused in place).
 
     Fuse before `quantize weight-int8`: the fusions match MatMul + bias patterns that MatMulNBits replaces."""
-    import onnx
-
     from quantize.export import _file_table, _io
 
     opts.validate()
@@ -605,7 +633,7 @@ def fuse_artifact(src: Path, out: Path, opts: FuseOptions = FuseOptions(),
     written = set()
     for name, fuser in GRAPH_FUSERS.items():
         g = getattr(m, name).file
-        model = onnx.load(str(src / g))
+        model = load_graph(src / g)
         before = op_counts(model)
         passes = fuser(model, opts)
         after = op_counts(model)

@@ -222,3 +222,31 @@ def test_shared_weights_do_not_hide_the_patterns(ckpt_a, tmp_path):
     m = fuse_artifact(art, tmp_path / "fused", FuseOptions(target="cuda"))
     dec = m.export["fusion"]["graphs"]["decoder"]["passes"]
     assert dec == {"rms_norm": 9, "gqa_qk_norm": 2, "skip_rms_norm": 3, "lm_head": 1, "swiglu": 2}
+
+
+def test_fuse_reads_a_reslotted_artifact(fast, tmp_path):
+    """`quantize reslot` hard-links the graphs' data files; onnx.load refuses such files ("multiple hard
+    links"), so fuse reads the weights itself: the reslotted artifact fuses, keeps its slot count and computes
+    what the exported graph does."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    src, slots3 = tmp_path / "one", tmp_path / "slots3"      # a copy: reslot links the source's files too
+    shutil.copytree(fast["a"], src)
+    subprocess.run([sys.executable, "-m", "quantize", "reslot", str(src), str(slots3), "--slots", "3"],
+                   check=True, capture_output=True)
+    if os.stat(slots3 / "decoder.onnx.data").st_nlink < 2:
+        pytest.fail("reslot no longer hard-links the data files: this test then checks nothing")
+    r = subprocess.run([sys.executable, "-m", "quantize", "fuse", str(slots3), str(tmp_path / "fused"),
+                        "--target", "portable"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = read_manifest(tmp_path / "fused")
+    assert m.kv.slots == 3 and m.export["fusion"]["target"] == "portable"
+    rng = np.random.default_rng(5)
+    da, db = _session(fast["a"] / "decoder.onnx"), _session(tmp_path / "fused" / "decoder.onnx")
+    assert os.stat(slots3 / "decoder.onnx.data").st_nlink >= 2       # the source artifact was left as it was
+    feeds = _decoder_feeds(da, rng, rng.standard_normal((5, da.get_inputs()[1].shape[1])).astype(np.float32))
+    for x, y in zip(da.run(None, feeds), db.run([o.name for o in da.get_outputs()], feeds)):
+        assert np.abs(x.astype(np.float64) - y).max() <= LOGIT_TOL
