@@ -330,18 +330,24 @@ def cmd_report(a) -> int:
     """summary.json (gpu_bench.sh) -> the markdown tables docs/perf.md shows."""
     d = json.loads(Path(a.summary).read_text())
     f = lambda x, n=3: "" if x is None else f"{x:.{n}f}"   # noqa: E731
-    out = ["| flavour | decode ms/token | TTFT ms (bench, exact path) | vision ms | prefill ms | device MiB |"
-           " transformers ms/token |", "|---|---|---|---|---|---|---|"]
+    out = ["| flavour | prompt tokens | decode ms/token | TTFT ms from the file (path) | TTFT ms from pixels | vision ms |"
+           " prefill ms | device MiB | transformers ms/token |", "|---|---|---|---|---|---|---|---|---|"]
     for name in ("fp16", "fp16_fused", "w8", "w8_fused"):
         b = d.get(f"bench_{name}")
         if b:
             e, hf = b["edgeocr"], b.get("transformers") or {}
-            out.append(_row([name, f(e["decode_ms_per_token"]), f(e["first_token_ms"], 1), f(e["vision_ms"], 1),
+            out.append(_row([name, e["prompt_tokens"], f(e["decode_ms_per_token"]),
+                             f"{f(e['first_token_ms'], 1)} ({e.get('preprocess') or 'exact'})",
+                             f(e["first_token_ms"] - e["preprocess_ms"], 1), f(e["vision_ms"], 1),
                              f(e["prefill_ms"], 1), f(e["peak_device_mib"], 0), f(hf.get("decode_ms_per_token"))]))
-    out += ["", "| flavour | stage | kernels | GPU busy ms | wall ms | memcpy |", "|---|---|---|---|---|---|"]
+    if "nodes" in d:
+        out += ["", "decoder nodes with a kernel (exported -> fused): "
+                f"{d['nodes']['decoder_nodes_exported']} -> {d['nodes']['decoder_nodes_fused']}"]
+    out += ["", "| flavour | stage | kernels | GPU busy ms | wall ms | memcpy | host->device |", "|---|---|---|---|---|---|---|"]
     for k in sorted(x for x in d if x.startswith("profile_")):
-        for s in d[k]["stages"]:
-            out.append(_row([k[8:], s["stage"], f(s["kernels"], 0), f(s["gpu_busy_ms"]), f(s["wall_ms"]), f(s["memcpy"], 0)]))
+        for s in d[k].get("stages", []):
+            out.append(_row([k[8:], s["stage"], f(s["kernels"], 0), f(s["gpu_busy_ms"]), f(s["wall_ms"]),
+                             f(s["memcpy"], 0), f(s.get("h2d"), 0)]))
     out += ["", "| artifact / settings | " + " | ".join(n for n, _, _ in next(
         (v["stages_mib"] for k, v in d.items() if k.startswith("memory_") and "stages_mib" in v), [])) + " | peak |"]
     out.append("|---" * (len(out[-1].split("|")) - 2) + "|")
