@@ -522,7 +522,7 @@ def unpack_gate_up(om) -> int:
                 parts[1] = u
         if len(parts) != 2:
             continue
-        (s0, e0), (s1, e1) = ((_const(om, x) for x in parts[k].input[1:3]) for k in (0, 1))
+        (_, e0), (s1, e1) = ((_const(om, x) for x in parts[k].input[1:3]) for k in (0, 1))
         halves = (e0 is not None and int(e0.reshape(-1)[0]) == half) or parts[0].input[2] == parts[1].input[1]
         tail = e1 is None or int(e1.reshape(-1)[0]) >= 2 * half
         if not (halves and tail and (s1 is None or int(s1.reshape(-1)[0]) == half)):
