@@ -167,11 +167,11 @@ class PageLoader:
     """Loads PageRefs as HxWx3 uint8 RGB arrays, one at a time; keeps the current PDF open across
     its pages.  Every failure is an EdgeOCRError whose message names the file (and page)."""
 
-    def __init__(self, dpi: float = DEFAULT_DPI, max_pixels: int = preprocess.MAX_SOURCE_PIXELS):
+    def __init__(self, dpi: float = DEFAULT_DPI, max_pixels: int | None = None):
         if not dpi > 0:
             raise ValueError(f"dpi must be positive, got {dpi!r}")
         self.dpi = dpi                   # PDF rasterization, dots per inch
-        self.max_pixels = max_pixels     # refuse a page that would render larger than this, pixels
+        self.max_pixels = preprocess.pixel_limit(max_pixels)   # larger images and rendered pages are refused
         self._pdf_path: str | None = None
         self._pdf = None
 
@@ -179,7 +179,7 @@ class PageLoader:
         if ref.error is not None:
             raise ref.error
         if ref.page is None:
-            return np.asarray(preprocess.load_image(ref.file))
+            return np.asarray(preprocess.load_image(ref.file, self.max_pixels))
         return self._render(ref)
 
     def _render(self, ref: PageRef) -> np.ndarray:
@@ -191,12 +191,10 @@ class PageLoader:
             w_pt, h_pt = page.get_size()
             scale = self.dpi / POINTS_PER_INCH
             w, h = round(w_pt * scale), round(h_pt * scale)
-            if w * h > self.max_pixels:
-                raise ImageTooLarge(f"{ref.label}: {w}x{h} = {w * h} pixels at {self.dpi:g} dpi exceeds the limit "
-                                    f"of {self.max_pixels}; lower --dpi")
-            if w < preprocess.MIN_EDGE or h < preprocess.MIN_EDGE:
-                raise ImageError(f"{ref.label}: empty page ({w_pt:g}x{h_pt:g} points)")
-            preprocess._check_aspect(w, h, ref.label)
+            try:
+                preprocess.check_size(w, h, f"{ref.label} at {self.dpi:g} dpi", self.max_pixels)
+            except ImageTooLarge as e:
+                raise ImageTooLarge(f"{e}; or lower --dpi") from None
             try:
                 bitmap = page.render(scale=scale)
             except _pdfium().PdfiumError as e:
