@@ -11,6 +11,7 @@ PDF pages are rasterized with pypdfium2 (the `pdf` extra), imported only when a 
 from __future__ import annotations
 
 import glob
+import io
 import logging
 import os
 import re
@@ -181,6 +182,25 @@ class PageLoader:
         if ref.page is None:
             return np.asarray(preprocess.load_image(ref.file, self.max_pixels))
         return self._render(ref)
+
+    def load_encoded(self, ref: PageRef) -> bytes:
+        """The page as an encoded image, for a daemon (`edgeocr run --remote`): an image file's own bytes, its
+        header checked here as a local run checks it; a PDF page rendered here and sent as PNG."""
+        if ref.error is not None:
+            raise ref.error
+        if ref.page is not None:
+            from PIL import Image
+            out = io.BytesIO()
+            Image.fromarray(self._render(ref)).save(out, "PNG", compress_level=1)
+            return out.getvalue()
+        data, name = preprocess.read_bytes(ref.file)
+        try:
+            preprocess.open_image(data, name, self.max_pixels)
+        except ImageError:
+            raise
+        except (OSError, ValueError, SyntaxError, EOFError) as e:
+            raise ImageError(f"{name}: unreadable image header ({e})") from None
+        return data
 
     def _render(self, ref: PageRef) -> np.ndarray:
         doc = self._document(ref.file)

@@ -137,7 +137,7 @@ def load_image(src, max_pixels: int | None = None) -> "PIL.Image.Image":  # noqa
         return decode_bytes(src.data, src.name, src.max_pixels)
     if not isinstance(src, (bytes, bytearray, memoryview, str, Path)):
         raise ImageError(f"unsupported image type {type(src).__name__}; pass a path, bytes or a numpy array")
-    return decode_bytes(*_read(src), max_pixels)
+    return decode_bytes(*read_bytes(src), max_pixels)
 
 
 def decode_bytes(data: bytes, name: str = "image", max_pixels: int | None = None):
@@ -148,7 +148,7 @@ def open_image(data: bytes, name: str = "image", max_pixels: int | None = None) 
     """Identify an encoded image and read its header (no pixel is decoded), then check its size
     (`check_size`).  Pillow's own decompression-bomb limit is not consulted: the one limit is
     edgeocr's `max_pixels`, and its message is the one the user sees."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     fp, prefix = io.BytesIO(data), data[:16]
     for loader in (Image.preinit, Image.init):      # common formats first, then every plugin (as Image.open)
@@ -165,7 +165,7 @@ def open_image(data: bytes, name: str = "image", max_pixels: int | None = None) 
                 continue
             check_size(*img.size, name, max_pixels)
             return img
-    raise UnidentifiedImageError(name)
+    raise ImageError(f"{name}: not a recognized image format")
 
 
 def _decode(data: bytes, name: str, max_pixels: int | None = None, canvas: int | None = None):
@@ -207,13 +207,14 @@ def load_image_for_canvas(src, canvas: int = CANVAS,
     if isinstance(src, ImageBytes):
         return _decode(src.data, src.name, src.max_pixels, canvas=canvas)
     if isinstance(src, (bytes, bytearray, memoryview, str, Path)):
-        data, name = _read(src)
+        data, name = read_bytes(src)
         return _decode(data, name, max_pixels, canvas=canvas)
     img = load_image(src, max_pixels)
     return img, img.size
 
 
-def _read(src) -> tuple[bytes, str]:
+def read_bytes(src) -> tuple[bytes, str]:
+    """Path or bytes -> (bytes, the name messages use); ImageError for a missing, unreadable or empty file."""
     if isinstance(src, (bytes, bytearray, memoryview)):
         data, name = bytes(src), "image bytes"
     else:

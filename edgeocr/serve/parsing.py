@@ -101,16 +101,12 @@ def image_field(s, name: str = "image") -> bytes:
 def probe_image(data: bytes, max_pixels: int) -> tuple[int, int]:
     """Read the image header only: format, size against `max_pixels`, minimum page edge, aspect ratio
     (edgeocr.preprocess.open_image: the same checks and messages as a local run)."""
-    from PIL import UnidentifiedImageError
-
     try:
         return preprocess.open_image(data, "image", max_pixels).size
     except ImageTooLarge as e:
         raise HTTPError(413, "invalid_image", str(e)) from None
     except ImageError as e:
         raise HTTPError(400, "invalid_image", str(e)) from None
-    except UnidentifiedImageError:
-        raise HTTPError(400, "invalid_image", "image: not a recognized image format") from None
     except (OSError, ValueError, SyntaxError, EOFError) as e:
         raise HTTPError(400, "invalid_image", f"image: unreadable header ({_short(str(e))})") from None
 
