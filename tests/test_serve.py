@@ -326,8 +326,8 @@ def test_remote_run_takes_the_same_inputs_and_writes_the_same_jsonl(daemon, art_
     assert not any("error" in o for o in by_page(remote).values())
     # TCP with the key; stdout JSON has the --out keys
     r = run("--remote", daemon.tcp, "--api-key-file", daemon.tmp / "key", "--format", "json")
-    objs = [json.loads(ln) for ln in r.stdout.splitlines()]
-    assert r.returncode == 0 and len(objs) == 5 and all(o.keys() == a[(o["file"], o["page"])].keys() for o in objs)
+    objs, b = [json.loads(ln) for ln in r.stdout.splitlines()], by_page(remote)
+    assert r.returncode == 0 and len(objs) == 5 and all(o.keys() == b[(o["file"], o["page"])].keys() for o in objs)
     r = subprocess.run([sys.executable, "-m", "edgeocr", "run", str(d / "a.png"), "--remote", daemon.tcp],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "missing or wrong API key" in r.stderr

@@ -305,7 +305,7 @@ _PORT = re.compile(r"[0-9]{1,5}")
 def parse_host(value: str) -> tuple[str, int | None]:
     """A Host header -> (host, port or None), strictly (RFC 3986 `host [":" port]`): an IPv6 address only in
     brackets (returned as "[compressed form]", no zone id), an IPv4 address in dotted-quad form, or a DNS
-    name of letters, digits, hyphens and dots (lowercased); the port, when given, 1 to 5 ASCII digits up to
+    name of letters, digits, hyphens and dots whose last label does not start with a digit (lowercased); the port, when given, 1 to 5 ASCII digits up to
     65535.  Raises ValueError for anything else (whitespace, userinfo, paths, several colons, empty parts)."""
     if value.startswith("["):
         close = value.find("]")
@@ -324,13 +324,12 @@ def parse_host(value: str) -> tuple[str, int | None]:
         host = host.lower()
         if not host.isascii() or not _REG_NAME.fullmatch(host):
             raise ValueError("not a host name or IPv4 address")
-        if host.replace(".", "").isdigit():
-            try:
-                host = str(ipaddress.IPv4Address(host))
+        if host.rsplit(".", 1)[-1][0].isdigit():      # a numeric last label: an IPv4 address or nothing
+            try:                                      # (no 127.1, 0x7f.0.0.1, 127.0.0.01 forms)
+                if str(ipaddress.IPv4Address(host)) != host:
+                    raise ValueError
             except ValueError:
                 raise ValueError("not a dotted-quad IPv4 address") from None
-            if host != value.partition(":")[0]:
-                raise ValueError("IPv4 address not in canonical form")
     if not rest:
         return host, None
     if rest[0] != ":" or not _PORT.fullmatch(rest[1:]) or int(rest[1:]) > 65535:
@@ -345,7 +344,7 @@ def allowed_host_names(spec: str) -> frozenset[str]:
     for item in (x.strip() for x in spec.split(",")):
         if not item:
             continue
-        if ":" in item and not item.startswith("["):
+        if item.count(":") > 1 and not item.startswith("["):
             item = f"[{item}]"
         try:
             host, port = parse_host(item)
