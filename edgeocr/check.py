@@ -218,16 +218,17 @@ def format_pages(report: dict, names: tuple[str, str] = ("reference", "candidate
     sides = ("reference", "candidate")
     tag = max(len(n) for n in (*names, "truth"))
     out = []
+    cer_w = len("CER 100.0%  no-ws 100.0%")
     for p in report["pages"]:
         out.append(p["image"])
         if "error" in p:
             out.append(f"  {'error':{tag}s}  {p['error']['message']}")
             continue
-        out.append(f"  {'truth':{tag}s}  {_one_line(p.get('truth'), width)}")
+        out.append(f"  {'truth':{tag}s}  {'':{cer_w}s}  {_one_line(p.get('truth'), width)}")
         for side, name in zip(sides, names):
             d = p[side]
             cer = f"CER {d['cer'] * 100:5.1f}%  no-ws {d['cer_nows'] * 100:5.1f}%" if "cer" in d else ""
-            out.append(f"  {name:{tag}s}  {_one_line(d['text'], width):{width}s}  {cer}")
+            out.append(f"  {name:{tag}s}  {cer:{cer_w}s}  {_one_line(d['text'], width)}")
     sm = report["summary"]
     for side, name in zip(sides, names):
         v = sm[side]

@@ -20,7 +20,7 @@ def main(report_path: str, fp32: str, int8: str) -> None:
     report = json.loads(Path(report_path).read_text(encoding="utf-8"))
     meta = report["meta"]
     print(f"\n== {report['summary']['pages']} held-out pages of {meta['data']}, task {meta['task']}: "
-          f"ground truth, then each build's text and CER")
+          f"ground truth, then each build's CER and text")
     print(format_pages(report, names=("FP32", "INT8")))
     print(f"\nartifacts  {fp32} ({_mib(Path(fp32))}), {int8} ({_mib(Path(int8))})")
     print(f"report     {report_path} and {Path(report_path).with_suffix('.csv')} (every page, every metric)")
@@ -28,8 +28,8 @@ def main(report_path: str, fp32: str, int8: str) -> None:
           "           .venv/bin/edgeocr run calibration_data/eval --model build/demo-fp32 --out eval.jsonl  # a folder\n"
           "           .venv/bin/edgeocr check --reference build/demo-fp32 --candidate build/demo-int8 "
           "--data calibration_data/eval --show-pages   # all 64 pages\n"
-          "           the demo model reads poorly by design (demo_model/README.md); "
-          "for real OCR export the real checkpoint (README)")
+          "           the 5.9M-parameter demo model writes the headings and invents most variable text "
+          "(demo_model/README.md); for real OCR, export the real checkpoint (README)")
 
 
 if __name__ == "__main__":

@@ -165,3 +165,21 @@ def test_unreadable_pages_are_error_rows_and_the_run_goes_on(art_a, tmp_path):
     rep = json.loads(out.with_suffix(".json").read_text())
     assert r.returncode == 1 and rep["summary"]["pages"] == 5 and rep["summary"]["errors"] == 1
     assert "resumed: 4 page(s)" in r.stdout
+
+
+def test_format_pages_puts_truth_beside_each_side_with_cer():
+    from edgeocr.check import format_pages
+    side = {"text": "TOTAL 12\nTAX 1", "cer": 0.25, "cer_nows": 0.2, "timings_ms": {"per_token": 2.0, "total": 100.0}}
+    report = {"pages": [{"image": "a.jpg", "truth": "TOTAL 12\nTAX 2" + "x" * 200, "reference": side,
+                         "candidate": dict(side, cer=0.5)},
+                        {"image": "b.jpg", "error": {"type": "ImageError", "message": "b.jpg: truncated"}}],
+              "summary": {"errors": 1, "reference": {"cer": 0.25, "cer_nows": 0.2, "mean_total_ms": 100.0},
+                          "candidate": {"cer": 0.5, "cer_nows": 0.2, "mean_total_ms": 100.0}}}
+    lines = format_pages(report, ("FP32", "INT8"), width=20).splitlines()
+    assert lines[0] == "a.jpg"
+    assert lines[1].endswith("  TOTAL 12 ⏎ TAX 2xxx…") and len(lines[1].split("  ")[-1]) == 20
+    assert lines[2] == "  FP32   CER  25.0%  no-ws  20.0%  TOTAL 12 ⏎ TAX 1"
+    assert lines[3].startswith("  INT8   CER  50.0%")
+    assert lines[5] == "  error  b.jpg: truncated"
+    assert lines[6] == "FP32     mean CER 25.0% (no whitespace 20.0%); 2.00 ms/token, 100 ms/page"
+    assert lines[-1] == "1 page(s) could not be read"
