@@ -95,6 +95,12 @@ class SlotScheduler:
         request.options.validate()
         instruction, task = m.instruction(request.task, request.prompt, request.lang)
         prep = m.prepare(request.image)
+        if prep.blank:                          # no ink: an empty result at once, reported by the next step()
+            seq = Sequence(np.zeros(0, np.int64), request.options, frozenset(), 1.0, finish_reason=decode.FINISH_BLANK)
+            page = _Page(tag, seq, prep, task, 0.0, t_start, t_first=time.perf_counter(), done=True)
+            self.pages[slot] = page
+            self._pending.append(SlotEvent(tag, None, "", self._result(page)))
+            return
         ids = m.prompt_ids(instruction)
         cos, sin = m.rope_tables(ids)
         t0 = time.perf_counter()

@@ -26,6 +26,7 @@ FINISH_LENGTH = "length"            # max_new_tokens reached
 FINISH_CACHE = "cache_full"         # the static KV cache is full
 FINISH_REPETITION = "repetition"    # the output tail repeats (spec §7.3)
 FINISH_CANCELLED = "cancelled"      # the caller's stop_check said stop (deadline, shutdown)
+FINISH_BLANK = "blank"              # the page has no ink: nothing was generated, the model was not run
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ class Prepared:
     pixels: object                     # [1, 3, S, S] float32, normalized: numpy, or an OrtValue ("device")
     letterbox: preprocess.Letterbox
     timings_ms: dict = field(default_factory=dict)
+    blank: bool = False                # no ink (preprocess.is_blank): the result is empty, the model is not run
 
 
 def open_session(path: Path, art: af.Artifact, backend: str, device: str, threads: int | None,
@@ -84,7 +85,8 @@ class Stream:
         for ev in self._events:
             if ev.result is not None:
                 self.result = ev.result
-            yield ev.token_id, ev.text_delta
+            if ev.token_id is not None:            # None: a result without a new token (blank page, cancel)
+                yield ev.token_id, ev.text_delta
 
 
 class OCRModel:
@@ -147,17 +149,21 @@ class OCRModel:
             t1 = time.perf_counter()
             canvas, lb = preprocess.letterbox_fast(img, size, im.canvas, im.pad_value)
             pixels = preprocess.normalize(canvas, mean=im.mean, std=im.std)
+            page = canvas[:lb.new_h, :lb.new_w]                 # the image on the canvas, without the padding
         elif self.preprocess == "device":
             img = preprocess.load_image(image)
             t1 = time.perf_counter()
             pixels, lb = self._device_pre(np.asarray(img))      # OrtValue [1, 3, S, S] on the device
+            page = np.asarray(img)                              # the blank check reads the source pixels
         else:
             img = preprocess.load_image(image)
             t1 = time.perf_counter()
             canvas, lb = preprocess.letterbox(img, im.canvas, im.pad_value)
             pixels = preprocess.normalize(canvas, mean=im.mean, std=im.std)
+            page = canvas[:lb.new_h, :lb.new_w]
         t2 = time.perf_counter()
-        return Prepared(pixels, lb, {"load": (t1 - t0) * 1e3, "preprocess": (t2 - t1) * 1e3})
+        return Prepared(pixels, lb, {"load": (t1 - t0) * 1e3, "preprocess": (t2 - t1) * 1e3},
+                        blank=preprocess.is_blank(page))
 
     def instruction(self, task: str | None, prompt: str | None, lang: str = "zh") -> tuple[str, str | None]:
         if prompt is not None:

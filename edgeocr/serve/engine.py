@@ -222,7 +222,7 @@ class EngineWorker(threading.Thread):
             job = ev.tag
             if job not in self.running:          # finished or cancelled already: nothing more to send
                 continue
-            if job.stream and not job.gone:
+            if job.stream and not job.gone and ev.token_id is not None:     # None: a blank page's result alone
                 job.post(TOKEN, ev.token_id, ev.text_delta)
             if ev.result is not None:
                 self._finish(job, ev.result)
