@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# On the GPU machine: train the demo model through a curriculum of stages in one call, each stage continuing
+# the last one's checkpoint on a page pool of its own (rendered in the background while the stage before it
+# trains), then measure the result like scripts/gpu_train_ab.sh does (diag_image_use.py on business documents
+# and reading pages of levels 0, 0.5 and 1; eval_ckpt.py greedy CER on the first EVAL_PAGES eval pages).
+#   STAGES='easy|300|--reading-frac 1.0 --reading-level 0 --data-seed 7100
+#   mix|180|--reading-frac 0.5 --reading-level 0:0.5 --data-seed 7200' INIT=demo_model bash scripts/gpu_curriculum.sh
+# Each stage line is NAME|SECONDS|FLAGS (flags of python -m quantize.train; give each stage its own
+# --data-seed so no page is seen in two stages). INIT: the checkpoint to start from (demo_model, or one carried
+# back from an earlier call). Env: POOL_PAGES (6144), BATCH (32), EVAL_PAGES (8), DIAG_PAGES (8),
+# RUN (/tmp/edgeocr-cur), OUT ($RUN/out). Results in $OUT: final.tar.gz (bf16 checkpoint of the last stage,
+# every stage's train_log.jsonl, run_summary.json and train_config.json, diag.json, eval.json) and cur.log.
+# Carry the tarball's checkpoint/ back (e.g. in .carry/) and give it as INIT to continue in a later call.
+# The machine has no fonts: carry a folder made here with `python -m quantize.docgen --subset-fonts .carry/fonts`.
+set -euo pipefail
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 EDGEOCR_FONT_DIR=${EDGEOCR_FONT_DIR:-$PWD/.carry/fonts}
+RUN=${RUN:-/tmp/edgeocr-cur}
+OUT=${OUT:-$RUN/out}
+mkdir -p "$RUN" "$OUT"
+LOG=$OUT/cur.log
+say() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
+{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true; } | tee -a "$LOG"
+common=(--pool-pages "${POOL_PAGES:-6144}" --batch "${BATCH:-32}" --eval-every 0 --device "${DEVICE:-cuda}")
+names=() secs=() flags=()
+while IFS='|' read -r name s f; do
+  [ -z "$name" ] && continue
+  names+=("$name") secs+=("$s") flags+=("$f")
+done <<<"${STAGES:?set STAGES, one NAME|SECONDS|FLAGS per line}"
+
+# every stage's pool, one after another in the background (all host cores but one: a stage trains meanwhile)
+workers=$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))
+(
+  for i in "${!names[@]}"; do
+    read -r -a f <<<"${flags[$i]}"
+    python3 -m quantize.train "$RUN/pool-only-${names[$i]}" --init demo_model --budget-s 0 --workers "$workers" \
+      --pool-cache "$RUN/pool-${names[$i]}" "${common[@]}" "${f[@]}" >"$RUN/pool-${names[$i]}.log" 2>&1
+    touch "$RUN/pool-${names[$i]}.ready"
+  done
+) &
+
+prev=${INIT:-demo_model}
+for i in "${!names[@]}"; do
+  n=${names[$i]}
+  while [ ! -f "$RUN/pool-$n.ready" ]; do sleep 1; done
+  grep -h "pool:.*pages (" "$RUN/pool-$n.log" | tee -a "$LOG" || true
+  read -r -a f <<<"${flags[$i]}"
+  say "stage $n: ${secs[$i]} s from $prev: ${flags[$i]}"
+  python3 -m quantize.train "$RUN/$n" --init "$prev" --gpu-seconds "${secs[$i]}" --pool-cache "$RUN/pool-$n" \
+    "${common[@]}" "${f[@]}" >"$RUN/$n.log" 2>&1 || { tail -20 "$RUN/$n.log" | tee -a "$LOG"; exit 1; }
+  grep -E "step .*loss" "$RUN/$n.log" | awk 'NR % 20 == 1' | tail -8 | sed "s/^/$n: /" | tee -a "$LOG"
+  grep -E "step .*loss" "$RUN/$n.log" | tail -1 | sed "s/^/$n: /" | tee -a "$LOG"
+  prev=$RUN/$n/checkpoint
+done
+wait
+
+say "measuring $prev"
+python3 scripts/diag_image_use.py "$prev" --device "${DEVICE:-cuda}" --pages "${DIAG_PAGES:-8}" --levels 0,0.5,1 \
+  --json "$RUN/diag.json" 2>&1 | grep -vE "Loading|Writing" | tee -a "$LOG"
+python3 scripts/eval_ckpt.py "$prev" --device "${DEVICE:-cuda}" --pages "${EVAL_PAGES:-8}" --json "$RUN/eval.json" \
+  2>&1 | grep -vE "Loading|Writing" | tee -a "$LOG"
+stage_files=()
+for n in "${names[@]}"; do
+  for f in train_log.jsonl run_summary.json train_config.json; do
+    cp "$RUN/$n/$f" "$RUN/$n-$f" && stage_files+=("$n-$f")
+  done
+done
+rm -rf "$RUN/checkpoint" && cp -r "$prev" "$RUN/checkpoint"
+(cd "$RUN" && tar czf "$OUT/final.tar.gz" checkpoint diag.json eval.json "${stage_files[@]}")
+say "done: $OUT/final.tar.gz"
