@@ -160,12 +160,12 @@ def _stream_pages(model, todo, loader, on_page, args, opts, stop) -> None:
             return
         t0 = time.perf_counter()
         try:
-            img = loader.load(ref)
+            prep = model.workers.submit(lambda r: model.prepare(loader.source(r)), ref).result()
         except EdgeOCRError as e:
             on_page(batchrun.PageOutcome(ref, error=e))
             continue
-        load_ms = (time.perf_counter() - t0) * 1e3
-        res = model.recognize(img, task=args.task, prompt=args.prompt, lang=args.lang, options=opts,
+        load_ms = (time.perf_counter() - t0) * 1e3 - prep.timings_ms.get("preprocess", 0.0)
+        res = model.recognize(prep, task=args.task, prompt=args.prompt, lang=args.lang, options=opts,
                               on_token=lambda _t, d: (sys.stdout.write(d), sys.stdout.flush()))
         sys.stdout.write("\n")
         on_page(batchrun.PageOutcome(ref, result=res, load_ms=load_ms))

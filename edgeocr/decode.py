@@ -3,7 +3,7 @@
 The contract: greedy argmax after an HF-style repetition penalty over every unique id in prompt + output
 (image slots included), stop on the checkpoint's stop ids, stop on tail repetition, cap at max_new_tokens.
 
-Named steps, each over every slot of the session at once (edgeocr.batch runs the loop):
+Named steps, each over every slot of the session at once (edgeocr.slots runs the loop):
   prefill           one sequence's prompt into its slot -> its first token
   decode_one_token  one step of every slot -> each slot's next token, selected on the host
                     (`select_on_host`: penalty + argmax over the logits) or in the graph (`DeviceSelectSession`)

@@ -180,9 +180,16 @@ class PageLoader:
             raise ref.error
         if ref.page is None:
             return np.asarray(preprocess.load_image(ref.file))
-        return self._render(ref)
+        return np.asarray(self._render(ref))                         # [H, W, 3] uint8
 
-    def _render(self, ref: PageRef) -> np.ndarray:
+    def source(self, ref: PageRef):
+        """What a preparer takes for `ref`, read no further than needed: an image file's path (the preparer
+        decodes it, at reduced scale on the fast path), or a PDF page rasterized to an RGB PIL image."""
+        if ref.error is not None:
+            raise ref.error
+        return ref.file if ref.page is None else self._render(ref)
+
+    def _render(self, ref: PageRef):
         doc = self._document(ref.file)
         if ref.page > len(doc):
             raise ImageError(f"{ref.label}: the PDF has only {len(doc)} pages")
@@ -204,7 +211,7 @@ class PageLoader:
             img = bitmap.to_pil().convert("RGB")
         finally:
             page.close()
-        return np.asarray(img)                                     # [H, W, 3] uint8
+        return img                                                 # PIL RGB
 
     def _document(self, path: str):
         if self._pdf_path != path:
