@@ -29,8 +29,6 @@ log = logging.getLogger("edgeocr")
 
 __all__ = ["OCRModel", "OCRResult", "Prepared", "Stream", "open_session"]
 
-PREPROCESS = STRATEGIES
-
 
 def open_session(path: Path, art: af.Artifact, backend: str, device: str, threads: int | None,
                  cuda_graph: bool | None = None):

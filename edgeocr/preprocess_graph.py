@@ -30,7 +30,6 @@ from edgeocr.preprocess import Letterbox
 log = logging.getLogger("edgeocr")
 
 OPSET = 18                      # Resize's antialias attribute
-INPUTS = ("image", "resize", "pads")
 OUTPUT = "pixels"
 
 

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 from edgeocr import postprocess, prompts
-from edgeocr.decode import Sequence
+from edgeocr.decode import FinishReason, Sequence
 from edgeocr.postprocess import TextLine
 from edgeocr.prepare import Prepared
 
@@ -15,7 +15,7 @@ from edgeocr.prepare import Prepared
 class OCRResult:
     text: str                          # decoded output, special tokens removed
     lines: list[TextLine]              # spotting tasks: lines with boxes in original pixels; else []
-    finish_reason: str                 # stop | length | cache_full | repetition | cancelled (decode.FinishReason)
+    finish_reason: FinishReason        # stop | length | cache_full | repetition | cancelled (a str)
     prompt_tokens: int                 # tokens in the prompt, image slots included
     generated_tokens: int              # tokens generated, stop id included
     token_ids: list[int]               # generated ids
@@ -26,7 +26,7 @@ class OCRResult:
 
     def to_dict(self) -> dict:
         return {
-            "text": self.text, "finish_reason": self.finish_reason, "task": self.task,
+            "text": self.text, "finish_reason": str(self.finish_reason), "task": self.task,
             "lines": [{"text": ln.text, "box": list(ln.box), "box_norm": list(ln.box_norm)} for ln in self.lines],
             "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
             "image_size": list(self.image_size), "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
@@ -54,7 +54,7 @@ class ResultBuilder:
                         "first_token": vision_ms + seq.prefill_ms + seq.first_token_ms,
                         "per_token": seq.decode_ms / (n - 1) if n > 1 else 0.0,
                         "total": prepared_ms + (time.perf_counter() - admitted) * 1e3})
-        return OCRResult(text=text, lines=lines, finish_reason=str(seq.finish_reason),
+        return OCRResult(text=text, lines=lines, finish_reason=seq.finish_reason,
                          prompt_tokens=len(seq.prompt_ids), generated_tokens=n, token_ids=list(seq.tokens),
                          timings_ms=timings, task=task,
                          image_size=(prep.letterbox.width, prep.letterbox.height), step_ms=tuple(seq.step_ms))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgeocr import decode
-from edgeocr.decode import DecodeOptions, Sequence
+from edgeocr.decode import DecodeOptions, FinishReason, Sequence
 from edgeocr.prepare import Prepared, Preparer
 
 
@@ -171,7 +171,7 @@ class SlotScheduler:
                 self.pages[i] = None
                 if p.done:                        # finished at admission, not reported yet: report nothing
                     self._pending = [ev for ev in self._pending if ev.tag != tag]
-                p.seq.finish_reason = decode.FINISH_CANCELLED
+                p.seq.finish_reason = FinishReason.CANCELLED
                 return self._result(p)
         return None
 

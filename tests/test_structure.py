@@ -183,3 +183,16 @@ def test_engine_prepares_off_its_thread_and_answers_bad_images(art_a):
     rec = recs[0]
     assert len(rec.host) == 4 and all(n.startswith("edgeocr-prepare") for n in rec.host)   # warm-up + 3
     assert rec.admit and set(rec.admit) == {"edgeocr-engine"}
+
+
+def test_finish_reason_is_one_enum_that_reads_as_its_value(art_a):
+    import json
+
+    from edgeocr import FinishReason
+    from edgeocr.model import OCRModel
+
+    r = OCRModel(art_a).recognize(make_image(2), options=DecodeOptions(max_new_tokens=2))
+    assert r.finish_reason is FinishReason.LENGTH
+    assert r.finish_reason == "length" and r.finish_reason in {"length"} and f"{r.finish_reason}" == "length"
+    assert json.loads(json.dumps(r.to_dict()))["finish_reason"] == "length"
+    assert [str(f) for f in FinishReason] == ["stop", "length", "cache_full", "repetition", "cancelled"]

@@ -17,7 +17,7 @@ from concurrent.futures import wait as wait_futures
 from pathlib import Path
 
 from edgeocr import __version__, prompts
-from edgeocr.decode import DecodeOptions
+from edgeocr.decode import DecodeOptions, FinishReason
 from edgeocr.errors import EdgeOCRError, ImageError, ImageTooLarge, PromptError
 from edgeocr.serve.errors import HTTPError, unavailable
 from edgeocr.serve.jobs import DONE, ERROR, TOKEN, Admission, Job
@@ -266,7 +266,7 @@ class EngineWorker(threading.Thread):
         if self.metrics is not None:
             self.metrics.tokens(result.generated_tokens, result.prompt_tokens)
         reason = self._reasons.pop(job, None)
-        if result.finish_reason == "cancelled" or reason:
+        if result.finish_reason == FinishReason.CANCELLED or reason:
             self._post_cancelled(job, reason or "deadline")
         elif not job.gone:
             job.post(DONE, result)
