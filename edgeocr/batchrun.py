@@ -53,7 +53,7 @@ class PageOutcome:
         head = {"file": self.ref.file, "page": self.ref.page}
         if self.error is not None:
             return {**head, "error": {"type": type(self.error).__name__, "message": str(self.error)}}
-        d = self.result.to_dict()
+        d = self.result.to_dict()                  # an OCRResult, or a daemon's reply (edgeocr run --remote)
         d["timings_ms"]["load"] = round(self.load_ms, 3)
         return {**head, **d}
 
@@ -64,9 +64,10 @@ def run_pages(model, refs: Iterable[PageRef], loader: PageLoader, on_page: Calla
               options: DecodeOptions = DecodeOptions(), stop: threading.Event | None = None) -> None:
     """Recognize `refs` through `model.recognize_many`, calling on_page once per page as it finishes or fails
     to load.  Each page is read and prepared on the model's worker pool (`model.workers`, ahead of need: an
-    image file goes to the preparer as a path, so the fast path decodes a JPEG at reduced scale); a page that
-    fails becomes an error outcome and the rest go on.  When `stop` is set, no further page is fed; pages
-    already handed to the model still finish.  on_page may be called from the thread that pulls pages."""
+    image file goes to the preparer as a path, checked against the model's pixel limit, so the fast path
+    decodes a JPEG at reduced scale); a page that fails becomes an error outcome and the rest go on.  When
+    `stop` is set, no further page is fed; pages already handed to the model still finish.  on_page may be
+    called from the thread that pulls pages."""
     fed: dict[int, tuple[PageRef, float]] = {}        # index given to the model -> (page, load ms)
 
     def load(ref: PageRef):
@@ -105,8 +106,9 @@ class ResumeState:
 
     done: frozenset               # keys (file, page) of lines without an error
     kept: int                     # lines kept (recognized pages)
-    retried: int                  # error lines dropped, their pages to be run again
+    retried: int                  # error lines dropped (their pages are run again when still among the inputs)
     partial_bytes: int            # bytes of an unterminated last line dropped (hard kill mid-write)
+    failed: frozenset = frozenset()   # keys (file, page) of the error lines dropped
 
 
 def prepare_output(path: str | Path, resume: bool = False, overwrite: bool = False) -> ResumeState:
@@ -131,13 +133,14 @@ def prepare_output(path: str | Path, resume: bool = False, overwrite: bool = Fal
 def _resume(path: Path) -> ResumeState:
     data = path.read_bytes()
     body, _, partial = data.rpartition(b"\n")         # partial: what follows the last newline
-    kept_lines, done, retried = [], set(), 0
+    kept_lines, done, failed, retried = [], set(), set(), 0
     for n, raw in enumerate(body.split(b"\n") if body else [], 1):
         if not raw.strip():
             continue
         rec = _parse_line(path, n, raw)
         if "error" in rec:
             retried += 1
+            failed.add((rec["file"], rec.get("page")))
             continue
         kept_lines.append(raw)
         done.add((rec["file"], rec.get("page")))
@@ -147,7 +150,7 @@ def _resume(path: Path) -> ResumeState:
         os.replace(tmp, path)
     if partial:
         log.warning("%s: dropped an unterminated last line (%d bytes)", path, len(partial))
-    return ResumeState(frozenset(done), len(kept_lines), retried, len(partial))
+    return ResumeState(frozenset(done), len(kept_lines), retried, len(partial), frozenset(failed - done))
 
 
 def _parse_line(path: Path, n: int, raw: bytes) -> dict:

@@ -21,6 +21,14 @@ from edgeocr.decode import DecodeOptions
 BANDWIDTH_GBS = {"H200": 4800.0, "H100": 3350.0, "4090": 1008.0, "Orin": 204.8, "A100": 2039.0, "L4": 300.0}
 
 
+def default_preprocess(device: str) -> str:
+    """The preprocessing path `edgeocr bench` and `edgeocr recognize` use when none is named: on CUDA the device
+    path (the host only decodes the JPEG; resize and normalization with the artifact's mean/std run as a graph on
+    the GPU, within a level of Pillow's bicubic): measured on the H200 (2026-12-04) first token from the file
+    30.8 ms against 62.5 ms for the exact host path.  On the CPU the exact path (the reference processor)."""
+    return "device" if device == "cuda" else "exact"
+
+
 @dataclass
 class BenchResult:
     backend: str
@@ -44,6 +52,7 @@ class BenchResult:
     bandwidth_floor_ms: float | None  # weights + live KV per step / peak bandwidth
     step_copies: dict | None = None   # bytes each decode step moves outside the graph, by construction
     flavour: str = ""                 # decoder attention / selection / CUDA graph
+    preprocess: str = ""              # preprocessing path: exact | fast | device
 
 
 def step_copies(art, live_slots: int = 1) -> dict:
@@ -82,9 +91,11 @@ def _bandwidth(name: str) -> float | None:
 
 def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, repeats: int = 1,
           task: str = "spotting", threads: int | None = None, cuda_graph: bool | None = None,
-          preprocess: str = "exact") -> BenchResult:
+          preprocess: str | None = None) -> BenchResult:
+    """preprocess: exact | fast | device; None = default_preprocess(device)."""
     from edgeocr.model import OCRModel
 
+    preprocess = preprocess or default_preprocess(device)
     t0 = time.perf_counter()
     model = OCRModel(artifact, device=device, threads=threads, cuda_graph=cuda_graph, preprocess=preprocess)
     load_ms = (time.perf_counter() - t0) * 1e3
@@ -128,7 +139,8 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
         bandwidth_floor_ms=floor, step_copies=step_copies(m),
         flavour=(f"attention {m.decoder.attention}, selection "
                  f"{'in graph' if model.session.selects else 'host'}, "
-                 f"CUDA graph {'on' if getattr(model.session, 'cuda_graph', False) else 'off'}"))
+                 f"CUDA graph {'on' if getattr(model.session, 'cuda_graph', False) else 'off'}"),
+        preprocess=preprocess)
 
 
 def bench_transformers(checkpoint: str | Path, image, tokens: int, task: str = "spotting",
@@ -186,7 +198,7 @@ def format_table(r: BenchResult, hf: dict | None = None) -> str:
     rows = [("backend", r.backend, ""), ("precision", r.precision, ""), ("device", r.device_name, ""),
             ("decoder flavour", r.flavour, ""),
             ("prompt / new tokens", f"{r.prompt_tokens} / {r.new_tokens}", ""),
-            ("load", f"{r.load_ms:.0f} ms", ""), ("image decode + preprocess", f"{r.preprocess_ms:.1f} ms", ""),
+            ("load", f"{r.load_ms:.0f} ms", ""), ("image decode + preprocess", f"{r.preprocess_ms:.1f} ms", r.preprocess),
             ("vision", f"{r.vision_ms:.1f} ms", ""), ("prefill", f"{r.prefill_ms:.1f} ms", ""),
             ("time to first token", f"{r.first_token_ms:.1f} ms", ""),
             ("decode per token", f"{r.decode_ms_per_token:.3f} ms", ""),
@@ -237,13 +249,14 @@ def synthetic_page(seed: int = 0, size: tuple[int, int] = (1400, 1000)):
 
 
 def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens: int = 64, task: str = "spotting",
-                threads: int | None = None, cuda_graph: bool | None = None, preprocess: str = "exact") -> dict:
+                threads: int | None = None, cuda_graph: bool | None = None, preprocess: str | None = None) -> dict:
     """Continuous batching over the artifact's slots: every page generates exactly `tokens` tokens.
     Reports pages/s and tokens/s end to end (vision + prefill of each page included), and the decode step
     time with every slot busy."""
     from edgeocr.model import OCRModel
     from edgeocr.slots import drive
 
+    preprocess = preprocess or default_preprocess(device)
     model = OCRModel(artifact, device=device, threads=threads, cuda_graph=cuda_graph, preprocess=preprocess)
     opts = DecodeOptions(max_new_tokens=tokens, ignore_stop=True, tail_repetition_stop=False)
     model.recognize(images[0], task=task, options=DecodeOptions(max_new_tokens=4, ignore_stop=True))   # warm-up

@@ -6,9 +6,10 @@
 Per page: both outputs, CER/NED against ground truth when labels exist (CER also whitespace-free and
 NFKC-normalized whitespace-free: `cer_nows`, `cer_nows_nfkc` in edgeocr.metrics), field accuracy for
 extraction, exact agreement, the first divergent token, repetition and truncation flags, per-stage
-latency.  Writes OUT.json and OUT.csv atomically; OUT.pages.jsonl records finished pages so an
-interrupted run resumes without redoing them.  Exit codes: 0 gates hold, 3 a gate failed,
-1 error, 2 usage.
+latency.  A page that cannot be read (corrupt, too small, over the pixel limit) is an error row; the run
+goes on and the summary counts it.  Writes OUT.json and OUT.csv atomically; OUT.pages.jsonl records
+finished pages so an interrupted run resumes without redoing them (error rows are tried again).
+Exit codes: 0 gates hold, 3 a gate failed, 1 a page could not be read (or an error), 2 usage.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgeocr import metrics, prompts
+import numpy as np
+
+from edgeocr import metrics, preprocess, prompts
 from edgeocr.dataset import Sample, load_dir
 from edgeocr.decode import DecodeOptions, FinishReason
-from edgeocr.errors import EdgeOCRError
+from edgeocr.errors import EdgeOCRError, ImageError
 
 log = logging.getLogger("edgeocr.check")
 
@@ -92,7 +95,12 @@ def _side(result, task, ref, fields, gold_boxes=None) -> dict:
 
 
 def compare_page(ref_runner: Runner, cand_runner: Runner, sample: Sample, task: str, lang: str,
-                 opts: DecodeOptions) -> dict:
+                 opts: DecodeOptions, max_pixels: int | None = None) -> dict:
+    """Both sides on one page; {"image", "error": {type, message}} when the page cannot be read."""
+    try:
+        image = np.asarray(preprocess.load_image(sample.path, max_pixels))   # [H, W, 3] uint8, read once
+    except ImageError as e:
+        return {"image": sample.name, "error": {"type": type(e).__name__, "message": str(e)}}
     fields = (sample.fields or {}) if task == FIELDS_TASK else None
     if task == FIELDS_TASK:
         if not fields:
@@ -104,22 +112,26 @@ def compare_page(ref_runner: Runner, cand_runner: Runner, sample: Sample, task: 
     gold = None
     if task in prompts.SPOTTING_TASKS and sample.label and sample.label.get("lines"):
         gold = [ln["box"] for ln in sample.label["lines"] if "box" in ln]
-    ra = ref_runner.run(sample.path, t, p, lang, opts)
-    rb = cand_runner.run(sample.path, t, p, lang, opts)
+    ra = ref_runner.run(image, t, p, lang, opts)
+    rb = cand_runner.run(image, t, p, lang, opts)
     div = metrics.first_divergence(ra.token_ids, rb.token_ids)
-    return {"image": sample.name, "reference": _side(ra, task, ref_text, fields, gold),
+    return {"image": sample.name, "truth": ref_text, "reference": _side(ra, task, ref_text, fields, gold),
             "candidate": _side(rb, task, ref_text, fields, gold), "exact_match": ra.token_ids == rb.token_ids,
             "first_divergent_token": div, "pair_ned": metrics.ned(rb.text, ra.text)}
 
 
 def summarize(pages: list[dict]) -> dict:
+    """Means over the pages read; `errors` counts the pages that could not be read."""
+    errors = sum("error" in p for p in pages)
+    pages = [p for p in pages if "error" not in p]
+
     def mean(key, side):
         vals = [p[side][key] for p in pages if key in p[side]]
         if key.startswith("cer_") and len(vals) != sum("cer" in p[side] for p in pages):
             return None      # pages resumed from a report written before this metric existed
         return statistics.fmean(vals) if vals else None
 
-    s = {"pages": len(pages),
+    s = {"pages": len(pages), "errors": errors,
          "exact_agreement": statistics.fmean(p["exact_match"] for p in pages) if pages else None,
          "mean_pair_ned": statistics.fmean(p["pair_ned"] for p in pages) if pages else None}
     for side in ("reference", "candidate"):
@@ -155,8 +167,11 @@ def write_reports(out: Path, meta: dict, pages: list[dict], summary: dict) -> No
              "finish_reason", "repetition", "truncated"]
     w = csv.writer(buf)
     w.writerow(cols + [f"{s}_{k}" for s in ("reference", "candidate") for k in sides]
-               + ["reference_total_ms", "candidate_total_ms"])
+               + ["reference_total_ms", "candidate_total_ms", "error"])
     for p in pages:
+        if "error" in p:
+            w.writerow([p["image"]] + [""] * (len(cols) - 1 + 2 * len(sides) + 2) + [p["error"]["message"]])
+            continue
         w.writerow([p[c] for c in cols] + [p[s].get(k, "") for s in ("reference", "candidate") for k in sides]
                    + [p["reference"]["timings_ms"]["total"], p["candidate"]["timings_ms"]["total"]])
     _atomic_write(out.with_suffix(".csv"), buf.getvalue())
@@ -181,10 +196,50 @@ def format_summary(s: dict, ref_label: str, cand_label: str) -> str:
             ("truncated", f(s["reference"]["truncation_rate"], True), f(s["candidate"]["truncation_rate"], True)),
             ("mean latency (ms)", f(s["reference"]["mean_total_ms"]), f(s["candidate"]["mean_total_ms"]))]
     out = [f"{a:20s} {b:>36s} {c:>36s}" for a, b, c in rows]
-    out.append(f"{'pages':20s} {s['pages']}; exact agreement {f(s['exact_agreement'], True)}; "
+    unread = f" ({s['errors']} more could not be read)" if s.get("errors") else ""
+    out.append(f"{'pages':20s} {s['pages']}{unread}; exact agreement {f(s['exact_agreement'], True)}; "
                f"mean NED between outputs {f(s['mean_pair_ned'], True)}")
     if s.get("cer_increase") is not None:
         out.append(f"{'CER change':20s} {s['cer_increase'] * 100:+.2f} points")
+    return "\n".join(out)
+
+
+def _one_line(text: str | None, width: int) -> str:
+    """A text on one line of at most `width` characters: newlines as ⏎, the cut marked with …."""
+    if text is None:
+        return "(no ground truth)"
+    flat = " ".join(text.replace("\n", " ⏎ ").split())
+    return flat if len(flat) <= width else flat[:width - 1] + "…"
+
+
+def format_pages(report: dict, names: tuple[str, str] = ("reference", "candidate"), width: int = 80) -> str:
+    """Per page: the ground truth beside each side's text (first `width` characters) and its CER; then each
+    side's mean CER and speed.  `report`: the OUT.json of a check."""
+    sides = ("reference", "candidate")
+    tag = max(len(n) for n in (*names, "truth"))
+    out = []
+    cer_w = len("CER 100.0%  no-ws 100.0%")
+    for p in report["pages"]:
+        out.append(p["image"])
+        if "error" in p:
+            out.append(f"  {'error':{tag}s}  {p['error']['message']}")
+            continue
+        out.append(f"  {'truth':{tag}s}  {'':{cer_w}s}  {_one_line(p.get('truth'), width)}")
+        for side, name in zip(sides, names):
+            d = p[side]
+            cer = f"CER {d['cer'] * 100:5.1f}%  no-ws {d['cer_nows'] * 100:5.1f}%" if "cer" in d else ""
+            out.append(f"  {name:{tag}s}  {cer:{cer_w}s}  {_one_line(d['text'], width)}")
+    sm = report["summary"]
+    for side, name in zip(sides, names):
+        v = sm[side]
+        cer = (f"mean CER {v['cer'] * 100:.1f}% (no whitespace {v['cer_nows'] * 100:.1f}%)"
+               if v.get("cer") is not None else "no ground truth")
+        per_token = [p[side]["timings_ms"].get("per_token", 0.0) for p in report["pages"] if "error" not in p]
+        speed = (f"{statistics.fmean(per_token):.2f} ms/token, {v['mean_total_ms']:,.0f} ms/page"
+                 if per_token else "")
+        out.append(f"{name:{tag + 2}s}  {cer}; {speed}")
+    if sm.get("errors"):
+        out.append(f"{sm['errors']} page(s) could not be read")
     return "\n".join(out)
 
 
@@ -210,7 +265,7 @@ def check_gates(s: dict, g: Gates) -> list[str]:
 def run_check(reference: str, candidate: str, data: str, out: Path, task: str = prompts.DEFAULT_TASK,
               lang: str = "zh", max_new_tokens: int = 512, gates: Gates = Gates(), resume: bool = True,
               reference_device: str = "cpu", candidate_device: str = "cpu", limit: int | None = None,
-              threads: int | None = None, progress=None) -> tuple[int, dict]:
+              threads: int | None = None, progress=None, max_pixels: int | None = None) -> tuple[int, dict]:
     if task != FIELDS_TASK and task not in prompts.TASKS_ZH:
         raise EdgeOCRError(f"unknown task {task!r}")
     samples = load_dir(data)[:limit] if limit else load_dir(data)
@@ -226,7 +281,7 @@ def run_check(reference: str, candidate: str, data: str, out: Path, task: str = 
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue         # a line cut by an interruption
-            if rec.get("key") == meta["key"]:
+            if rec.get("key") == meta["key"] and "error" not in rec["page"]:    # error rows are tried again
                 done[rec["page"]["image"]] = rec["page"]
     elif progress_file.exists():
         progress_file.unlink()
@@ -238,7 +293,7 @@ def run_check(reference: str, candidate: str, data: str, out: Path, task: str = 
                 pages.append(done[s.name])
                 continue
             t0 = time.perf_counter()
-            page = compare_page(ref, cand, s, task, lang, opts)
+            page = compare_page(ref, cand, s, task, lang, opts, max_pixels)
             pages.append(page)
             pf.write(json.dumps({"key": meta["key"], "page": page}, ensure_ascii=False) + "\n")
             pf.flush()
@@ -250,7 +305,8 @@ def run_check(reference: str, candidate: str, data: str, out: Path, task: str = 
     failed = check_gates(summary, gates)
     summary["gates_failed"] = failed
     write_reports(out, meta, pages, summary)
-    return (EXIT_GATE if failed else EXIT_OK), dict(summary, meta=meta)
+    code = EXIT_GATE if failed else EXIT_ERROR if summary["errors"] else EXIT_OK
+    return code, dict(summary, meta=meta)
 
 
 def add_arguments(ap) -> None:
@@ -269,28 +325,42 @@ def add_arguments(ap) -> None:
     ap.add_argument("--candidate-device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--limit", type=int, default=None, help="only the first N pages")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--show-pages", action="store_true",
+                    help="also print each page's ground truth beside both outputs (first 80 characters) with its CER")
+    ap.add_argument("--max-pixels", type=int, default=None, metavar="N",
+                    help=f"refuse images larger than N pixels, from their header (env {preprocess.MAX_PIXELS_ENV}; "
+                         f"default {preprocess.DEFAULT_MAX_PIXELS:,})")
 
 
 def main(args) -> int:
     tty = sys.stderr.isatty()
 
     def progress(i, n, name, page, dt):
-        msg = (f"[{i}/{n}] {name}: {'same' if page['exact_match'] else 'differs at token ' + str(page['first_divergent_token'])}"
-               f" ({dt:.1f} s)")
+        if "error" in page:
+            what = "error: " + page["error"]["message"]
+        else:
+            what = "same" if page["exact_match"] else f"differs at token {page['first_divergent_token']}"
+        msg = f"[{i}/{n}] {name}: {what} ({dt:.1f} s)"
         print(("\r" + msg.ljust(70)) if tty else msg, end="" if tty and i < n else "\n", file=sys.stderr, flush=True)
 
     try:
         code, summary = run_check(args.reference, args.candidate, args.data, Path(args.out), args.task, args.lang,
                                   args.max_new_tokens, Gates(args.max_cer_increase, args.min_agreement),
                                   not args.no_resume, args.reference_device, args.candidate_device, args.limit,
-                                  args.threads, progress)
+                                  args.threads, progress, args.max_pixels)
     except EdgeOCRError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    if args.show_pages:
+        report = json.loads(Path(args.out).with_suffix(".json").read_text(encoding="utf-8"))
+        print(format_pages(report) + "\n")
     print(format_summary(summary, summary["meta"]["reference"], summary["meta"]["candidate"]))
     if summary["resumed_pages"]:
         print(f"(resumed: {summary['resumed_pages']} page(s) taken from {Path(args.out).with_suffix('.pages.jsonl')})")
     print(f"reports: {Path(args.out).with_suffix('.json')}, {Path(args.out).with_suffix('.csv')}")
     for f in summary["gates_failed"]:
         print(f"GATE FAILED: {f}", file=sys.stderr)
+    if summary["errors"]:
+        print(f"{summary['errors']} page(s) could not be read: their error rows are in the reports",
+              file=sys.stderr)
     return code

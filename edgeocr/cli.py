@@ -1,8 +1,8 @@
 """`edgeocr` command line: thin wrappers over the library.
 
-    edgeocr run INPUT... --model ARTIFACT [--task T | --prompt P] [--format text|json] [--stream]
-                         [--out FILE.jsonl [--resume | --overwrite]] [--dpi 200]
-    edgeocr tasks
+    edgeocr run INPUT... (--model ARTIFACT | --remote [ADDRESS]) [--task T | --prompt P] [--format text|json]
+                         [--stream] [--out FILE.jsonl [--resume | --overwrite]] [--dpi 200] [--max-pixels N]
+    edgeocr tasks [--lang en]
 """
 
 from __future__ import annotations
@@ -21,34 +21,55 @@ EXIT_INTERRUPTED = 128 + 2                 # SIGINT, as shells report it
 
 
 def _run(args) -> int:
+    """`edgeocr run`, local or --remote: the same inputs, options, output file and messages."""
     from edgeocr import batchrun, pages
 
     if args.out and args.stream:
         return _usage("--stream prints to the terminal; it does not combine with --out")
+    if args.remote and args.stream:
+        return _usage("--stream is for local runs, not --remote")
     if (args.resume or args.overwrite) and not args.out:
         return _usage("--resume and --overwrite apply to an --out file")
     if args.resume and args.overwrite:
         return _usage("--resume and --overwrite exclude each other")
     if not args.dpi > 0:
         return _usage(f"--dpi must be positive, got {args.dpi:g}")
+    if args.max_new_tokens < 1:
+        return _usage(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
+    if not args.remote and not args.model:
+        return _usage("no model: pass --model ARTIFACT_DIR or set EDGEOCR_MODEL (or --remote for a daemon)")
     try:
+        limit = preprocess_limit(args.max_pixels)
         refs = pages.list_pages(pages.list_files(args.images))
         state = batchrun.prepare_output(args.out, args.resume, args.overwrite) if args.out else None
     except (pages.InputPathError, batchrun.OutputError) as e:
         return _usage(str(e))
     todo = [r for r in refs if state is None or r.key not in state.done]
     if state is not None and (state.kept or state.retried or state.partial_bytes):
+        again = sum(r.key in state.failed for r in todo)
         print(f"resuming {args.out}: {state.kept} pages already done, {len(todo)} to go"
-              + (f" ({state.retried} failed before, retried)" if state.retried else ""), file=sys.stderr)
+              + (f" ({state.retried} error line(s) removed; {again} of those pages run again)"
+                 if state.retried else ""), file=sys.stderr)
     if not todo:
         print(f"nothing to do: all {len(refs)} pages are in {args.out}", file=sys.stderr)
         return EXIT_OK
     try:
-        with pages.PageLoader(dpi=args.dpi) as loader:
+        with pages.PageLoader(dpi=args.dpi, max_pixels=limit) as loader:
             return _run_pages(args, todo, loader, multi=len(refs) > 1)
     except KeyboardInterrupt:                        # before the pages started (model loading)
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def preprocess_limit(value: int | None) -> int:
+    """--max-pixels, else EDGEOCR_MAX_PIXELS, else the default (edgeocr.preprocess.pixel_limit)."""
+    from edgeocr import pages, preprocess
+    from edgeocr.errors import ImageError
+
+    try:
+        return preprocess.pixel_limit(value)
+    except ImageError as e:
+        raise pages.InputPathError(str(e).replace("max_pixels", "--max-pixels")) from None
 
 
 def _usage(msg: str) -> int:
@@ -80,12 +101,16 @@ def _run_pages(args, todo, loader, multi: bool) -> int:
 
     from edgeocr import batchrun
     from edgeocr.decode import DecodeOptions
-    from edgeocr.model import OCRModel
 
     show_bar = (not args.no_progress and not (args.stream and args.format == "text") and sys.stderr.isatty()
                 and (args.out is not None or (multi and not sys.stdout.isatty())))
-    model = OCRModel(args.model, device=args.device, threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph],
-                     preprocess=args.preprocess)
+    if args.remote:
+        from edgeocr.serve.client import RemoteOCR
+        model = RemoteOCR(args.remote, args.api_key_file)
+    else:
+        from edgeocr.model import OCRModel
+        model = OCRModel(args.model, device=args.device, threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph],
+                         preprocess=args.preprocess, max_pixels=loader.max_pixels)
     opts = DecodeOptions(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
     out = batchrun.JsonlWriter(args.out) if args.out else None
     sized = show_bar and _terminal_sized()          # else tqdm would draw nothing on a 0x0 terminal
@@ -105,14 +130,18 @@ def _run_pages(args, todo, loader, multi: bool) -> int:
         if not o.ok:
             say(f"error: {o.error}")
         else:
+            rec = o.record()
             if out is None:
-                _print_result(args, o, multi)
+                _print_result(args, rec, o.ref.label, multi)
             if not show_bar:
-                say(_summary_line(o))
+                say(_summary_line(rec, o.ref.label, remote=bool(args.remote)))
         bar.update(1)
 
     try:
-        if args.stream and args.format == "text":
+        if args.remote:
+            model.run_pages(todo, loader, on_page, task=args.task, prompt=args.prompt, lang=args.lang,
+                            max_new_tokens=args.max_new_tokens, stop=interrupt.stop)
+        elif args.stream and args.format == "text":
             _stream_pages(model, todo, loader, on_page, args, opts, interrupt.stop)
         else:
             batchrun.run_pages(model, todo, loader, on_page, task=args.task, prompt=args.prompt, lang=args.lang,
@@ -125,8 +154,10 @@ def _run_pages(args, todo, loader, multi: bool) -> int:
         bar.close()
         if out is not None:
             out.close()
-        if main_thread:
+        if main_thread and not interrupt.stop.is_set():
             signal.signal(signal.SIGINT, previous)
+        # interrupted: the command exits with 130 next; SIGINT stays ignored so that another Ctrl-C arriving
+        # while the interpreter shuts down (joining the prepare worker) prints no traceback
     done = counts["ok"] + counts["failed"]
     secs = time.perf_counter() - t0
     if out is not None or multi:
@@ -171,21 +202,34 @@ def _stream_pages(model, todo, loader, on_page, args, opts, stop) -> None:
         on_page(batchrun.PageOutcome(ref, result=res, load_ms=load_ms))
 
 
-def _print_result(args, o, multi: bool) -> None:
-    """Without --out: text (a `== file` header per page when there are several) or one JSON per page."""
+def _print_result(args, rec: dict, label: str, multi: bool) -> None:
+    """Without --out: text (a `== file` header per page when there are several) or one JSON line per page,
+    the same object as an --out line."""
     if args.format == "json":
-        rec = o.record()
-        print(json.dumps({"image": rec.pop("file"), **rec}, ensure_ascii=False), flush=True)
+        print(json.dumps(rec, ensure_ascii=False), flush=True)
     elif not args.stream:
         if multi:
-            print(f"== {o.ref.label}")
-        print(o.result.text, flush=True)
+            print(f"== {label}")
+        print(format_text(rec), flush=True)
 
 
-def _summary_line(o) -> str:
-    res, t = o.result, o.result.timings_ms
-    return (f"[{o.ref.label}] {res.generated_tokens} tokens, finish={res.finish_reason}, total {t['total']:.0f} ms "
-            f"(vision {t['vision']:.0f}, prefill {t['prefill']:.0f}, {t['per_token']:.2f} ms/token)")
+def format_text(rec: dict) -> str:
+    """A page for the terminal: its text, or for spotting one line per box, `[x1, y1, x2, y2]  text` in
+    the original image's pixels."""
+    lines = rec.get("lines") or []
+    if not lines:
+        return rec["text"]
+    width = max(len(str(v)) for ln in lines for v in ln["box"])
+    return "\n".join("[" + ", ".join(f"{v:>{width}}" for v in ln["box"]) + "]  " + ln["text"] for ln in lines)
+
+
+def _summary_line(rec: dict, label: str, remote: bool = False) -> str:
+    t = rec["timings_ms"]
+    if rec["finish_reason"] == "blank":
+        return f"[{label}] blank page (no ink): empty result, the model was not run"
+    return (f"[{label}] {rec['generated_tokens']} tokens, finish={rec['finish_reason']}, total {t['total']:.0f} ms "
+            f"(vision {t.get('vision', 0):.0f}, prefill {t.get('prefill', 0):.0f}, "
+            f"{t.get('per_token', 0):.2f} ms/token)" + (" (remote)" if remote else ""))
 
 
 def _serve(args) -> int:
@@ -203,46 +247,6 @@ def _serve(args) -> int:
     except (EdgeOCRError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
-
-
-def _run_remote(args) -> int:
-    import base64
-
-    from edgeocr.serve import client_request
-
-    headers = {"Content-Type": "application/json"}
-    if args.api_key_file:
-        headers["Authorization"] = "Bearer " + Path(args.api_key_file).read_text().strip()
-    status = EXIT_OK
-    for img in args.images:
-        try:
-            data = Path(img).read_bytes()
-        except OSError as e:
-            print(f"error: {img}: {e.strerror}", file=sys.stderr)
-            status = EXIT_ERROR
-            continue
-        body = {"image": base64.b64encode(data).decode(), "max_new_tokens": args.max_new_tokens, "lang": args.lang}
-        if args.prompt:
-            body["prompt"] = args.prompt
-        else:
-            body["task"] = args.task or "structured_parse"
-        try:
-            code, raw = client_request(args.remote, "POST", "/v1/ocr", json.dumps(body).encode(), headers)
-        except OSError as e:
-            print(f"error: daemon at {args.remote} unreachable ({e})", file=sys.stderr)
-            return EXIT_ERROR
-        res = json.loads(raw)
-        if code != 200:
-            print(f"error: {img}: {res.get('error', {}).get('message', raw[:200])}", file=sys.stderr)
-            status = EXIT_ERROR
-            continue
-        if args.format == "json":
-            print(json.dumps({"image": str(img), **res}, ensure_ascii=False))
-        else:
-            print(res["text"])
-        print(f"[{img}] {res['generated_tokens']} tokens, finish={res['finish_reason']}, "
-              f"total {res['timings_ms']['total']:.0f} ms (remote)", file=sys.stderr)
-    return status
 
 
 def _bench(args) -> int:
@@ -283,15 +287,23 @@ _GRAPH = {"auto": None, "on": True, "off": False}
 
 
 def _preprocess_arg(p) -> None:
-    p.add_argument("--preprocess", choices=["exact", "fast", "device"], default="exact",
-                   help="exact (default): Pillow's bicubic like the reference; fast: reduced-scale JPEG decoding and "
-                        "OpenCV resize on the host; device: resize + normalize in a graph on --device")
+    p.add_argument("--preprocess", choices=["exact", "fast", "device"], default=None,
+                   help="exact: Pillow's bicubic like the reference; fast: reduced-scale JPEG decoding and OpenCV "
+                        "resize on the host; device: resize + normalize in a graph on --device.  Default: device "
+                        "with --device cuda (the faster path there), exact on the CPU")
 
 
 def _graph_arg(p) -> None:
     p.add_argument("--cuda-graph", choices=list(_GRAPH), default="auto",
                    help="replay the decode step as a CUDA graph: auto (default) = on with --device cuda for "
                         "artifacts exported with --attention gqa --select-on-device")
+
+
+def _pixels_arg(p) -> None:
+    from edgeocr.preprocess import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
+    p.add_argument("--max-pixels", type=int, default=None, metavar="N",
+                   help=f"refuse images (and rendered PDF pages) larger than N pixels, from their header before "
+                        f"decoding (env {MAX_PIXELS_ENV}; default {DEFAULT_MAX_PIXELS:,})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,12 +342,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="continue an --out file: skip pages it holds without an error, retry the others")
     r.add_argument("--overwrite", action="store_true", help="start an existing --out file over")
     r.add_argument("--dpi", type=float, default=DEFAULT_DPI, help=f"PDF rasterization (default {DEFAULT_DPI})")
+    _pixels_arg(r)
     r.add_argument("--no-progress", action="store_true",
                    help="no progress bar (shown on a terminal with --out, or when stdout is redirected)")
     r.add_argument("--remote", nargs="?", const=os.environ.get("EDGEOCR_REMOTE", "unix:/run/edgeocr/edgeocr.sock"),
                    default=None, metavar="ADDRESS",
                    help="use a running daemon instead of loading the model: unix:/path.sock or http://127.0.0.1:PORT "
-                        "(default unix:/run/edgeocr/edgeocr.sock; env EDGEOCR_REMOTE)")
+                        "(default unix:/run/edgeocr/edgeocr.sock; env EDGEOCR_REMOTE); the same inputs, --out and "
+                        "--resume; PDF pages are rendered here")
     r.add_argument("--api-key-file", default=os.environ.get("EDGEOCR_API_KEY_FILE"),
                    help="Bearer key for a TCP daemon (env EDGEOCR_API_KEY_FILE)")
     s_ = sub.add_parser("serve", help="run the local OCR daemon (systemd Type=notify)",
@@ -369,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                        description="Exit codes: 0 gates hold, 3 a gate failed, 1 error, 2 usage.")
     from edgeocr.check import add_arguments as add_check_arguments
     add_check_arguments(c)
-    sub.add_parser("tasks", help="list the official task prompts")
+    tk = sub.add_parser("tasks", help="list the official task prompts")
+    tk.add_argument("--lang", choices=["zh", "en"], default="zh", help="prompt language (default zh)")
     tb = sub.add_parser("build-engines", help="build TensorRT engines for an artifact, on the target device")
     tb.add_argument("artifact", help="artifact directory (masked attention; FP16, or INT8 with Q/DQ)")
     tb.add_argument("--flavour", choices=["auto", "tensorrt", "tensorrt_rtx"], default="auto",
@@ -377,11 +392,15 @@ def main(argv: list[str] | None = None) -> int:
     tb.add_argument("--opt-level", type=int, default=3, help="builder optimization level 0-5 (default 3)")
     tb.add_argument("--workspace-mib", type=int, default=2048)
     args = ap.parse_args(argv)
+    if getattr(args, "preprocess", "") is None:
+        from edgeocr.bench import default_preprocess
+        args.preprocess = default_preprocess(args.device)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.cmd == "tasks":
+        table = prompts.TASKS_EN if args.lang == "en" else prompts.TASKS_ZH
         for k in prompts.task_names():
-            print(f"{k:18s} {prompts.TASKS_ZH[k]}")
+            print(f"{k:18s} {table.get(k, '(no English prompt: --lang zh)')}")
         return EXIT_OK
     if args.cmd == "bench":
         return _bench(args)
@@ -405,13 +424,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "doctor":
         from edgeocr.doctor import doctor
         return doctor(args.artifact, args.remote)
-    if args.cmd == "run" and args.remote:
-        if args.out or args.resume:
-            return _usage("--out and --resume are for local runs, not --remote")
-        return _run_remote(args)
-    if not args.model:
-        print("error: no model: pass --model ARTIFACT_DIR or set EDGEOCR_MODEL", file=sys.stderr)
-        return EXIT_USAGE
     try:
         return _run(args)
     except EdgeOCRError as e:

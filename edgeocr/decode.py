@@ -23,7 +23,6 @@ from edgeocr.backends.base import Session
 from edgeocr.errors import PromptError
 
 
-
 class FinishReason(str, Enum):
     """Why a page's generation ended.  A str: compares equal to, and serializes as, its value."""
 
@@ -32,6 +31,7 @@ class FinishReason(str, Enum):
     CACHE_FULL = "cache_full"       # the static KV cache is full
     REPETITION = "repetition"       # the output tail repeats (spec §7.3)
     CANCELLED = "cancelled"         # the caller stopped it (stop_check, client gone, deadline, shutdown)
+    BLANK = "blank"                 # the page has no ink: nothing was generated, the model was not run
 
     def __str__(self) -> str:
         return self.value

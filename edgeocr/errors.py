@@ -27,3 +27,7 @@ class CheckpointError(EdgeOCRError):
 
 class BackendError(EdgeOCRError):
     """The requested backend or execution provider is not available."""
+
+
+class PageTooSmall(ImageError):
+    """The page is narrower or shorter than the minimum page edge (edgeocr.preprocess.MIN_EDGE)."""

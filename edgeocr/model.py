@@ -54,7 +54,8 @@ class Stream:
         for ev in self._events:
             if ev.result is not None:
                 self.result = ev.result
-            yield ev.token_id, ev.text_delta
+            if ev.token_id is not None:            # None: a result without a new token (blank page, cancel)
+                yield ev.token_id, ev.text_delta
 
 
 class OCRModel:
@@ -71,10 +72,14 @@ class OCRModel:
 
     def __init__(self, artifact_dir: str | Path, backend: str = "onnxruntime", device: str = "cpu",
                  threads: int | None = None, rope_layout: str | None = None, cuda_graph: bool | None = None,
-                 preprocess: str = "exact"):
+                 preprocess: str = "exact", max_pixels: int | None = None):
         """preprocess: "exact" (Pillow's bicubic, as the reference processor), "fast" (JPEG decoded at reduced
         scale + OpenCV resize on the host; [fast] extra) or "device" (resize + normalize in a small ONNX graph
-        on the session's device, within 2 levels of Pillow); measured in docs/perf.md."""
+        on the session's device, within 2 levels of Pillow); measured in docs/perf.md.  The library keeps
+        "exact" on every device (token-exact with the reference); `edgeocr run`/`bench` pick
+        edgeocr.bench.default_preprocess(device) when no --preprocess is named.
+        max_pixels: images larger than this are refused from their header (None: EDGEOCR_MAX_PIXELS, else
+        edgeocr.preprocess.DEFAULT_MAX_PIXELS)."""
         if preprocess not in STRATEGIES:
             raise BackendError(f"unknown preprocess {preprocess!r}; use one of {', '.join(STRATEGIES)}")
         t0 = time.perf_counter()
@@ -88,7 +93,7 @@ class OCRModel:
         self.stop_ids = tk.stop_ids
         self.image_spec = art.image
         self.preprocess = preprocess
-        self.preparer = open_preparer(preprocess, art.image, device)    # the artifact's geometry and mean/std
+        self.preparer = open_preparer(preprocess, art.image, device, max_pixels)   # the artifact's geometry, mean/std
         self.workers = PreparePool(1)                                  # runs the preparer ahead of need
         self.results = ResultBuilder(self.tokenizer, art.image.canvas)
         r = art.rope

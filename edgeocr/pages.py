@@ -11,6 +11,7 @@ PDF pages are rasterized with pypdfium2 (the `pdf` extra), imported only when a 
 from __future__ import annotations
 
 import glob
+import io
 import logging
 import os
 import re
@@ -167,11 +168,11 @@ class PageLoader:
     """Loads PageRefs as HxWx3 uint8 RGB arrays, one at a time; keeps the current PDF open across
     its pages.  Every failure is an EdgeOCRError whose message names the file (and page)."""
 
-    def __init__(self, dpi: float = DEFAULT_DPI, max_pixels: int = preprocess.MAX_SOURCE_PIXELS):
+    def __init__(self, dpi: float = DEFAULT_DPI, max_pixels: int | None = None):
         if not dpi > 0:
             raise ValueError(f"dpi must be positive, got {dpi!r}")
         self.dpi = dpi                   # PDF rasterization, dots per inch
-        self.max_pixels = max_pixels     # refuse a page that would render larger than this, pixels
+        self.max_pixels = preprocess.pixel_limit(max_pixels)   # larger images and rendered pages are refused
         self._pdf_path: str | None = None
         self._pdf = None
 
@@ -179,15 +180,34 @@ class PageLoader:
         if ref.error is not None:
             raise ref.error
         if ref.page is None:
-            return np.asarray(preprocess.load_image(ref.file))
+            return np.asarray(preprocess.load_image(ref.file, self.max_pixels))
         return np.asarray(self._render(ref))                         # [H, W, 3] uint8
 
     def source(self, ref: PageRef):
         """What a preparer takes for `ref`, read no further than needed: an image file's path (the preparer
-        decodes it, at reduced scale on the fast path), or a PDF page rasterized to an RGB PIL image."""
+        checks its header against the preparer's own pixel limit, then decodes it, at reduced scale on the fast
+        path), or a PDF page rasterized to an RGB PIL image (checked here against this loader's limit)."""
         if ref.error is not None:
             raise ref.error
         return ref.file if ref.page is None else self._render(ref)
+
+    def load_encoded(self, ref: PageRef) -> bytes:
+        """The page as an encoded image, for a daemon (`edgeocr run --remote`): an image file's own bytes, its
+        header checked here as a local run checks it; a PDF page rendered here and sent as PNG."""
+        if ref.error is not None:
+            raise ref.error
+        if ref.page is not None:
+            out = io.BytesIO()
+            self._render(ref).save(out, "PNG", compress_level=1)
+            return out.getvalue()
+        data, name = preprocess.read_bytes(ref.file)
+        try:
+            preprocess.open_image(data, name, self.max_pixels)
+        except ImageError:
+            raise
+        except (OSError, ValueError, SyntaxError, EOFError) as e:
+            raise ImageError(f"{name}: unreadable image header ({e})") from None
+        return data
 
     def _render(self, ref: PageRef):
         doc = self._document(ref.file)
@@ -198,12 +218,10 @@ class PageLoader:
             w_pt, h_pt = page.get_size()
             scale = self.dpi / POINTS_PER_INCH
             w, h = round(w_pt * scale), round(h_pt * scale)
-            if w * h > self.max_pixels:
-                raise ImageTooLarge(f"{ref.label}: {w}x{h} = {w * h} pixels at {self.dpi:g} dpi exceeds the limit "
-                                    f"of {self.max_pixels}; lower --dpi")
-            if w < preprocess.MIN_EDGE or h < preprocess.MIN_EDGE:
-                raise ImageError(f"{ref.label}: empty page ({w_pt:g}x{h_pt:g} points)")
-            preprocess._check_aspect(w, h, ref.label)
+            try:
+                preprocess.check_size(w, h, f"{ref.label} at {self.dpi:g} dpi", self.max_pixels)
+            except ImageTooLarge as e:
+                raise ImageTooLarge(f"{e}; or lower --dpi") from None
             try:
                 bitmap = page.render(scale=scale)
             except _pdfium().PdfiumError as e:

@@ -15,20 +15,27 @@ from __future__ import annotations
 
 import functools
 import io
+import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from edgeocr.errors import ImageError, ImageTooLarge
+from edgeocr.errors import ImageError, ImageTooLarge, PageTooSmall
 
 CANVAS = 1024                                   # fixed model input edge, pixels
 PAD_VALUE = 255                                 # letterbox fill (white: documents)
 MEAN = (0.48145466, 0.4578275, 0.40821073)      # CLIP mean, RGB
 STD = (0.26862954, 0.26130258, 0.27577711)      # CLIP std, RGB
 MAX_ASPECT = 200.0                              # reference processor rejects wider/taller images
-MAX_SOURCE_PIXELS = 128 * 1024 * 1024           # refuse to decode larger images (decompression bombs)
-MIN_EDGE = 1                                    # pixels
+DEFAULT_MAX_PIXELS = 40_000_000                 # the pixel limit `max_pixels`: larger images are refused
+                                                # from their header, before decoding (decompression bombs)
+MAX_PIXELS_ENV = "EDGEOCR_MAX_PIXELS"           # its environment twin (flag: --max-pixels)
+MIN_EDGE = 16                                   # pixels: a page narrower or shorter than one 16-px ViT patch
+                                                # holds no legible text and is refused
+INK_CONTRAST = 48                               # levels (of 255) from the background level that count as ink
+BLANK_MAX_INK = 1e-4                            # a page with a smaller share of ink pixels is blank
 
 
 @dataclass(frozen=True)
@@ -50,8 +57,65 @@ class Letterbox:
         return (int(min(max(ox, 0), self.width)), int(min(max(oy, 0), self.height)))
 
 
-def load_image(src) -> "PIL.Image.Image":  # noqa: F821
-    """Path, bytes or numpy array (HxW, HxWx3 RGB, HxWx4 RGBA, uint8) -> PIL RGB image."""
+@dataclass(frozen=True)
+class ImageBytes:
+    """An encoded image with the pixel limit it was accepted under (the daemon's `max_pixels`)."""
+
+    data: bytes                  # PNG, JPEG, ... as received
+    max_pixels: int              # pixel limit, pixels
+    name: str = "image"          # what messages call it
+
+
+def pixel_limit(value: int | None = None, environ=os.environ) -> int:
+    """The pixel limit in force: `value` when given, else EDGEOCR_MAX_PIXELS, else DEFAULT_MAX_PIXELS."""
+    if value is None:
+        raw = environ.get(MAX_PIXELS_ENV)
+        if raw is None or not raw.strip():
+            return DEFAULT_MAX_PIXELS
+        try:
+            value = int(raw.strip().replace("_", ""))
+        except ValueError:
+            raise ImageError(f"{MAX_PIXELS_ENV}={raw!r}: not an integer number of pixels") from None
+        where = MAX_PIXELS_ENV
+    else:
+        where = "max_pixels"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ImageError(f"{where} must be a positive integer number of pixels, got {value!r}")
+    return value
+
+
+def check_size(w: int, h: int, name: str, max_pixels: int | None = None) -> None:
+    """The checks every page passes before a pixel is decoded: the pixel limit, the minimum edge, the aspect
+    ratio.  Raises ImageTooLarge, PageTooSmall or ImageError naming the page and the limit."""
+    limit = pixel_limit(max_pixels)
+    if w * h > limit:
+        raise ImageTooLarge(f"{name}: {w}x{h} = {w * h:,} pixels exceeds the pixel limit of {limit:,} "
+                            f"(max_pixels: --max-pixels or {MAX_PIXELS_ENV})")
+    if w < MIN_EDGE or h < MIN_EDGE:
+        raise PageTooSmall(f"{name}: {w}x{h} pixels is smaller than the minimum page of {MIN_EDGE}x{MIN_EDGE} "
+                           f"pixels")
+    _check_aspect(w, h, name)
+
+
+def is_blank(rgb: np.ndarray) -> bool:
+    """Whether a page has no ink: fewer than BLANK_MAX_INK of its pixels differ from the page's background
+    level (the most common level, per channel) by more than INK_CONTRAST.  rgb: [H, W, 3] uint8.
+    Per-channel histograms: linear time, no sort."""
+    if rgb.ndim != 3 or rgb.size == 0:
+        return False
+    n = rgb.shape[0] * rgb.shape[1]
+    levels = np.arange(256)
+    ink = 0
+    for c in range(rgb.shape[2]):
+        hist = np.bincount(rgb[..., c].ravel(), minlength=256)         # [256]
+        bg = int(np.argmax(hist))
+        ink = max(ink, int(hist[np.abs(levels - bg) > INK_CONTRAST].sum()))
+    return ink < BLANK_MAX_INK * n
+
+
+def load_image(src, max_pixels: int | None = None) -> "PIL.Image.Image":  # noqa: F821
+    """Path, bytes, ImageBytes or numpy array (HxW, HxWx3 RGB, HxWx4 RGBA, uint8) -> PIL RGB image.
+    An encoded image larger than the pixel limit (`pixel_limit(max_pixels)`) is refused from its header."""
     from PIL import Image
 
     if isinstance(src, np.ndarray):
@@ -62,35 +126,56 @@ def load_image(src) -> "PIL.Image.Image":  # noqa: F821
             a = np.stack([a] * 3, axis=-1)
         if a.ndim != 3 or a.shape[2] not in (3, 4):
             raise ImageError(f"numpy image must be HxW, HxWx3 or HxWx4, got shape {a.shape}")
-        if a.shape[0] < MIN_EDGE or a.shape[1] < MIN_EDGE:
+        if a.shape[0] == 0 or a.shape[1] == 0:
             raise ImageError(f"numpy image is empty (shape {a.shape})")
-        _check_aspect(a.shape[1], a.shape[0], "numpy image")
+        check_size(a.shape[1], a.shape[0], "numpy image", a.shape[0] * a.shape[1])   # decoded already
         return Image.fromarray(np.ascontiguousarray(a[..., :3]), "RGB")
     if isinstance(src, Image.Image):
-        _check_aspect(src.width, src.height, "image")
+        check_size(src.width, src.height, "image", src.width * src.height)
         return src.convert("RGB")
+    if isinstance(src, ImageBytes):
+        return decode_bytes(src.data, src.name, src.max_pixels)
     if not isinstance(src, (bytes, bytearray, memoryview, str, Path)):
         raise ImageError(f"unsupported image type {type(src).__name__}; pass a path, bytes or a numpy array")
-    return decode_bytes(*_read(src))
+    return decode_bytes(*read_bytes(src), max_pixels)
 
 
-def decode_bytes(data: bytes, name: str = "image", max_pixels: int = MAX_SOURCE_PIXELS):
+def decode_bytes(data: bytes, name: str = "image", max_pixels: int | None = None):
     return _decode(data, name, max_pixels)[0]
 
 
-def _decode(data: bytes, name: str, max_pixels: int = MAX_SOURCE_PIXELS, canvas: int | None = None):
+def open_image(data: bytes, name: str = "image", max_pixels: int | None = None) -> "PIL.Image.Image":  # noqa: F821
+    """Identify an encoded image and read its header (no pixel is decoded), then check its size
+    (`check_size`).  Pillow's own decompression-bomb limit is not consulted: the one limit is
+    edgeocr's `max_pixels`, and its message is the one the user sees."""
+    from PIL import Image
+
+    fp, prefix = io.BytesIO(data), data[:16]
+    for loader in (Image.preinit, Image.init):      # common formats first, then every plugin (as Image.open)
+        loader()
+        for fmt in list(Image.ID):
+            factory, accept = Image.OPEN[fmt]
+            ok = accept(prefix) if accept else True
+            if not ok or isinstance(ok, str):
+                continue
+            fp.seek(0)
+            try:
+                img = factory(fp, "")
+            except (SyntaxError, IndexError, TypeError, struct.error):
+                continue
+            check_size(*img.size, name, max_pixels)
+            return img
+    raise ImageError(f"{name}: not a recognized image format")
+
+
+def _decode(data: bytes, name: str, max_pixels: int | None = None, canvas: int | None = None):
     """-> (RGB PIL image, original (width, height)).  With `canvas`, a JPEG is decoded at the largest DCT
     reduction (1/2, 1/4, 1/8) that still covers twice its letterbox size on that canvas."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        img = Image.open(io.BytesIO(data))
+        img = open_image(data, name, max_pixels)
         w, h = img.size
-        if w * h > max_pixels:
-            raise ImageTooLarge(f"{name}: {w}x{h} = {w * h} pixels exceeds the limit of {max_pixels}")
-        if w < MIN_EDGE or h < MIN_EDGE:
-            raise ImageError(f"{name}: empty image ({w}x{h})")
-        _check_aspect(w, h, name)
         if canvas is not None and img.format == "JPEG":
             # libjpeg picks the strongest reduction still >= the requested size.  Twice the letterbox size:
             # DCT-scaled output is sharper than Pillow's antialiased bicubic, and what is left to shrink
@@ -102,9 +187,10 @@ def _decode(data: bytes, name: str, max_pixels: int = MAX_SOURCE_PIXELS, canvas:
         raise
     except UnidentifiedImageError:
         raise ImageError(f"{name}: not a recognized image format") from None
-    except Image.DecompressionBombError as e:
-        raise ImageTooLarge(f"{name}: refused as a decompression bomb; it exceeds the limit ({e})") from None
-    except (OSError, ValueError, SyntaxError) as e:
+    except Image.DecompressionBombError:      # a frame or tile past Pillow's own limit, inside a page within ours
+        raise ImageTooLarge(f"{name}: a frame of this image exceeds Pillow's decoder limit; it cannot be read "
+                            f"(max_pixels {pixel_limit(max_pixels):,})") from None
+    except (OSError, ValueError, SyntaxError, EOFError, struct.error) as e:
         raise ImageError(f"{name}: truncated or corrupt image ({e})") from None
     if img.mode in ("RGBA", "LA") or (img.mode == "P" and "transparency" in img.info):
         bg = Image.new("RGB", img.size, (255, 255, 255))
@@ -113,18 +199,22 @@ def _decode(data: bytes, name: str, max_pixels: int = MAX_SOURCE_PIXELS, canvas:
     return img.convert("RGB"), (w, h)
 
 
-def load_image_for_canvas(src, canvas: int = CANVAS) -> tuple["PIL.Image.Image", tuple[int, int]]:  # noqa: F821
+def load_image_for_canvas(src, canvas: int = CANVAS,
+                          max_pixels: int | None = None) -> tuple["PIL.Image.Image", tuple[int, int]]:  # noqa: F821
     """load_image for the fast path: a JPEG file or bytes is decoded at reduced scale where the letterbox
     allows (see _decode).  Returns the RGB image and the source's original (width, height), which the
     letterbox geometry and the boxes of the result refer to."""
+    if isinstance(src, ImageBytes):
+        return _decode(src.data, src.name, src.max_pixels, canvas=canvas)
     if isinstance(src, (bytes, bytearray, memoryview, str, Path)):
-        data, name = _read(src)
-        return _decode(data, name, canvas=canvas)
-    img = load_image(src)
+        data, name = read_bytes(src)
+        return _decode(data, name, max_pixels, canvas=canvas)
+    img = load_image(src, max_pixels)
     return img, img.size
 
 
-def _read(src) -> tuple[bytes, str]:
+def read_bytes(src) -> tuple[bytes, str]:
+    """Path or bytes -> (bytes, the name messages use); ImageError for a missing, unreadable or empty file."""
     if isinstance(src, (bytes, bytearray, memoryview)):
         data, name = bytes(src), "image bytes"
     else:

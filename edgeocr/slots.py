@@ -60,7 +60,7 @@ class Page:
 @dataclass
 class SlotEvent:
     tag: object                       # the caller's handle passed to admit()
-    token_id: int | None              # None on a cancelled page's result-only event
+    token_id: int | None              # None on a result-only event (a blank page, a cancelled page)
     text_delta: str                   # "" while an incomplete UTF-8 sequence is held back (or deltas off)
     result: "object | None" = None    # OCRResult on the page's last event
 
@@ -117,13 +117,21 @@ class SlotScheduler:
 
     def admit(self, page: Page, tag) -> None:
         """Encode and prefill a prepared `page` into a free slot.  Its first token is reported by the next
-        step()."""
+        step().  A blank page (`prep.blank`) is finished here without running the model: the next step()
+        reports its empty result (finish_reason "blank", no token)."""
         if not isinstance(page, Page):
             raise TypeError(f"admit() takes a prepared Page, not {type(page).__name__} (OCRModel.page makes one)")
         if None not in self.pages:
             raise RuntimeError("admit() with no free slot")
         slot = self.pages.index(None)
         t_admit = time.perf_counter()
+        if page.prep.blank:                   # no ink: an empty result at once, reported by the next step()
+            seq = Sequence(prompt_ids=_NO_PROMPT, options=page.options, stop_ids=frozenset(), penalty=1.0,
+                           finish_reason=FinishReason.BLANK)
+            held = _Slot(tag, seq, page.prep, page.task, 0.0, t_admit, t_first=time.perf_counter(), done=True)
+            self.pages[slot] = held
+            self._pending.append(SlotEvent(tag, None, "", self._result(held)))
+            return
         self.session.encode_image(self.preparer.pixels(page.prep))
         vision_ms = (time.perf_counter() - t_admit) * 1e3
         seq = Sequence(prompt_ids=page.prompt.ids, options=page.options, stop_ids=page.stop_ids,
@@ -205,6 +213,8 @@ class SlotScheduler:
 
 
 _END = object()
+_NO_PROMPT = np.zeros(0, np.int64)     # a blank page's: the model never saw it
+_NO_PROMPT.flags.writeable = False
 
 
 def drive(sched: SlotScheduler, feed: Iterable, on_admit_error: Callable[[object, Exception], None] | None = None

@@ -114,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("out", type=Path, help="fused artifact directory (may equal ARTIFACT)")
     f.add_argument("--target", choices=["cuda", "portable"], default="cuda",
                    help="cuda (default): also ops only ONNX Runtime's CUDA EP runs; portable: every EP, CPU included")
-    f.add_argument("--no-swiglu", action="store_true", help="cuda target: keep the MLP gate as exported")
     f.add_argument("--no-gqa-qk-norm", action="store_true",
                    help="cuda target: keep q|k|v split and the Q/K norms outside GroupQueryAttention")
     rs = sub.add_parser("reslot", help="artifact -> the same graphs with another slot count (the decoder takes "
@@ -162,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "fuse":
             from quantize.fuse import FuseOptions, fuse_artifact
             _print_sizes(fuse_artifact(args.artifact, args.out, FuseOptions(
-                target=args.target, swiglu=not args.no_swiglu, gqa_qk_norm=not args.no_gqa_qk_norm),
+                target=args.target, gqa_qk_norm=not args.no_gqa_qk_norm),
                 progress=_progress), args.out)
         elif args.cmd == "tiny":
             from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -81,7 +82,14 @@ def _export(module, args, path: Path, input_names, output_names, dynamic_axes, d
     # directory, then re-save as <name>.onnx + <name>.onnx.data and drop the scratch.
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmpdir:
         tmp = Path(tmpdir) / "graph.onnx"
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # the TorchScript exporter is chosen on purpose (dynamo=False): its deprecation notices, and the
+            # tracer's note that shapes become constants (the graphs are fixed-shape by design), are ours to
+            # silence; every other warning still shows
+            warnings.filterwarnings("ignore", "You are using the legacy TorchScript-based ONNX export",
+                                    DeprecationWarning)
+            warnings.filterwarnings("ignore", "The feature will be removed", DeprecationWarning, "torch.onnx")
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
             torch.onnx.export(module, args, str(tmp), input_names=input_names, output_names=output_names,
                               dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False,
                               do_constant_folding=True)

@@ -1,6 +1,6 @@
 """Post-export fusions for ONNX Runtime: fewer, larger kernels per decode step and per vision call.
 
-    python -m quantize.fuse ARTIFACT OUT [--target cuda|portable] [--no-swiglu] [--no-gqa-qk-norm]
+    python -m quantize.fuse ARTIFACT OUT [--target cuda|portable] [--no-gqa-qk-norm]
 
 A decode step of the 0.5B decoder does little arithmetic: on a large GPU it is bound by how many small
 kernels run one after another (about 30 per layer as exported), not by the bytes it reads.  These passes
@@ -17,12 +17,14 @@ target "portable" (ops every ONNX Runtime execution provider implements, CPU inc
   gelu, bias_gelu  erf GELU -> Gelu; projection bias Add + Gelu -> BiasGelu (FusionGelu, FusionBiasGelu)
   attention_bias   q|k|v bias Add before the Split -> MultiHeadAttention's bias input
   lm_head          Transpose MatMul(W) Transpose over the tied embedding -> Gemm(x, W, transB=1)
+  rope             x*cos + (x@R)*sin (Mul, MatMul, Mul, Add) -> (x * [cos|sin']) @ [I; R] (Mul, MatMul), the
+                   [cos|sin'] table built once per run for every layer
+  gate_up          gate|up MatMul + two Slices -> two MatMuls over the weight's halves (no slice kernels)
 target "cuda" adds ops that only ONNX Runtime's CUDA execution provider implements (the CPU provider
 rejects them at load):
   gqa_qk_norm      q|k|v stays one packed tensor (no Split): RoPE runs over all heads with cos/sin tables that
                    leave the value heads unchanged, and the Q/K RMSNorm runs inside GroupQueryAttention
                    (its q_norm_weight / k_norm_weight prologue, applied after our RoPE as the model requires)
-  swiglu           Slice Slice Sigmoid Mul Mul over the fused gate|up projection -> SwiGLU (one kernel)
 `portable_equivalent` rewrites the cuda-only ops back into portable ones (the reference the tests check
 the cuda target against, and a way to run a cuda-fused graph on a CPU).
 """
@@ -46,7 +48,7 @@ from edgeocr.errors import EdgeOCRError
 
 log = logging.getLogger("edgeocr.quantize")
 
-FUSION_VERSION = 1
+FUSION_VERSION = 2            # 2: rope and gate_up passes, no SwiGLU (ORT 1.31 CUDA lacks it)
 TARGETS = ("portable", "cuda")
 MS = "com.microsoft"
 _FLOAT, _FLOAT16 = 1, 10            # onnx.TensorProto element types
@@ -55,7 +57,6 @@ _FLOAT, _FLOAT16 = 1, 10            # onnx.TensorProto element types
 @dataclass(frozen=True)
 class FuseOptions:
     target: str = "cuda"            # "portable" (every ONNX Runtime EP) or "cuda" (adds CUDA-EP-only ops)
-    swiglu: bool = True             # cuda: SwiGLU for the MLP gate (off where the runtime's CUDA EP lacks it)
     gqa_qk_norm: bool = True        # cuda: packed q|k|v, Q/K RMSNorm inside GroupQueryAttention
     attention_bias: bool = True     # vision: q|k|v bias into MultiHeadAttention (its bias input)
 
@@ -159,6 +160,36 @@ def save_graph(model, path: Path) -> None:
                     size_threshold=1024)
     if not any(n.op_type in ORT_ONNX_DOMAIN_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node):
         onnx.checker.check_model(str(path))
+
+
+def load_graph(path: Path):
+    """An ONNX graph with its external weights, read here rather than by onnx.load: onnx (>= 1.17) refuses a data
+    file with more than one hard link, and `quantize reslot` hard-links an artifact's files into the new one."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    files: dict[str, bytes] = {}
+    for t in _get_all_tensors(model):
+        if not uses_external_data(t):
+            continue
+        info = ExternalDataInfo(t)
+        loc = Path(info.location)
+        if loc.is_absolute() or ".." in loc.parts or not (path.parent / loc).is_file():
+            raise ValueError(f"{path}: tensor {t.name!r} points outside the artifact or at a missing file "
+                             f"({info.location!r})")
+        if info.location not in files:
+            files[info.location] = (path.parent / loc).read_bytes()
+        blob = files[info.location]
+        start = info.offset or 0
+        end = len(blob) if info.length is None else start + info.length
+        if end > len(blob):
+            raise ValueError(f"{path}: tensor {t.name!r} reads past the end of {info.location}")
+        t.raw_data = blob[start:end]
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+    return model
 
 
 def _opset(model) -> int:
@@ -456,59 +487,145 @@ def pack_gqa_qk_norm(om) -> int:
     return n
 
 
-def fuse_swiglu(om) -> int:
-    """gate|up MatMul -> Slice(first half), Slice(second half) -> Mul(g, Sigmoid(g)) -> Mul(., up) becomes
-    SwiGLU(gate|up) (com.microsoft, `up` omitted: the op splits the halves itself), rounding silu(g) to the
-    compute dtype before the product as the exported Mul does (round_activation 1)."""
+def unpack_gate_up(om) -> int:
+    """gate|up MatMul -> Slice(first half), Slice(second half) becomes two MatMuls over the two halves of the
+    weight: the same bytes read, two slice kernels fewer per layer (ONNX Runtime 1.31's CUDA provider has no
+    SwiGLU kernel, and Split copies its size tables to the device on every call).  The Sigmoid/Mul after it
+    stay as exported: ONNX Runtime runs them as one QuickGelu and one Mul."""
+    from onnx import helper
+
+    in2nodes = om.input_name_to_nodes()
+    n = 0
+    for mm in list(om.get_nodes_by_op_type("MatMul")):
+        w = _const(om, mm.input[1])
+        users = in2nodes.get(mm.output[0], [])
+        slices = [u for u in users if u.op_type == "Slice"]
+        if w is None or w.ndim != 2 or w.shape[1] % 2 or len(slices) != 2:
+            continue
+        bounds = _bound_arithmetic(om, [u for u in users if u.op_type != "Slice"], slices, in2nodes)
+        if bounds is None:
+            continue
+        half = w.shape[1] // 2
+        parts = {}
+        for u in slices:
+            if len(u.input) < 4 or (len(u.input) > 4 and not _is_scalar(om, u.input[4], 1)):
+                continue
+            axes = _const(om, u.input[3])
+            if axes is None or axes.size != 1 or int(axes.reshape(-1)[0]) not in (-1, 2):
+                continue
+            start, end = (_const(om, x) for x in u.input[1:3])
+            if start is not None and int(start.reshape(-1)[0]) == 0:
+                parts[0] = u
+            elif start is not None and int(start.reshape(-1)[0]) == half:
+                parts[1] = u
+            elif start is None:             # torch's chunk(2): [0, n/2) and [n/2, n) with n/2 computed in the graph
+                parts[1] = u
+        if len(parts) != 2:
+            continue
+        (_, e0), (s1, e1) = ((_const(om, x) for x in parts[k].input[1:3]) for k in (0, 1))
+        halves = (e0 is not None and int(e0.reshape(-1)[0]) == half) or parts[0].input[2] == parts[1].input[1]
+        tail = e1 is None or int(e1.reshape(-1)[0]) >= 2 * half
+        if not (halves and tail and (s1 is None or int(s1.reshape(-1)[0]) == half)):
+            continue
+        nodes = []
+        for k, u in parts.items():
+            wk = _init(om, w[:, k * half:(k + 1) * half], f"{mm.input[1]}_{('gate', 'up')[k]}")
+            nodes.append(helper.make_node("MatMul", [mm.input[0], wk], [u.output[0]], name=f"{mm.name}_{k}"))
+        om.remove_nodes([mm, *parts.values(), *bounds])
+        om.add_nodes(nodes)
+        n += 1
+        in2nodes = om.input_name_to_nodes()
+    return n
+
+
+def _bound_arithmetic(om, roots: list, slices: list, in2nodes: dict) -> list | None:
+    """The nodes from `roots` (Shape of the gate|up output) down to the slice bounds torch's chunk computes, when
+    they feed nothing but those bounds (they go with the slices); None when they feed anything else."""
+    outputs = {o.name for o in om.model.graph.output}
+    seen, todo = {}, list(roots)
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        if node.op_type not in ("Shape", "Gather", "Slice", "Add", "Div", "Mul", "Sub", "Unsqueeze", "Concat", "Cast",
+                                "Squeeze", "Reshape") or any(o in outputs for o in node.output):
+            return None
+        seen[id(node)] = node
+        for o in node.output:
+            for c in in2nodes.get(o, []):
+                if any(c is s for s in slices):
+                    if any(c.input[j] == o for j in (0, 3, 4) if j < len(c.input)):
+                        return None
+                else:
+                    todo.append(c)
+    return list(seen.values())
+
+
+def _rotation_permutation(r: np.ndarray) -> np.ndarray | None:
+    """For R with exactly one +-1 per row and per column (rotate_half as a matrix), the index i with
+    (x * a) @ R == (x @ R) * a[i] for every x, a: a[i][d] = a[e] where R[d, e] != 0.  None otherwise."""
+    if r.ndim != 2 or r.shape[0] != r.shape[1] or not np.all(np.isin(r, (-1, 0, 1))):
+        return None
+    nz = r != 0
+    if not (nz.sum(0) == 1).all() or not (nz.sum(1) == 1).all():
+        return None
+    return np.argmax(nz, axis=1).astype(np.int64)            # row d -> its column e
+
+
+def fuse_rope(om) -> int:
+    """x*cos + (x @ R)*sin, RoPE as exported (Mul, MatMul, Mul, Add: four kernels per layer), becomes
+    (x * [cos | sin']) @ [I; R] (one Mul, one MatMul): the cos/sin' table [.., 2, D] is built once per graph run
+    and shared by every layer (sin' = sin permuted so that (x * sin') @ R == (x @ R) * sin).  The products are
+    the same roundings as before and the MatMul adds exactly two of them per output, so the result is the
+    exported one (FP32: bit for bit)."""
     from onnx import helper
 
     out2node = om.output_name_to_node()
+    tables: dict = {}
     n = 0
-    for mul in list(om.get_nodes_by_op_type("Mul")):
-        for i in (0, 1):
-            act = _parent(out2node, mul.input[i], "Mul")
-            s_up = _parent(out2node, mul.input[1 - i], "Slice")
-            if act is None or s_up is None:
-                continue
-            sig = next((p for j in (0, 1) if (p := _parent(out2node, act.input[j], "Sigmoid"))), None)
-            g = sig and (act.input[1] if act.input[0] == sig.output[0] else act.input[0])
-            s_g = g and _parent(out2node, g, "Slice")
-            if not s_g or sig.input[0] != g or s_g.input[0] != s_up.input[0] or len(s_g.input) < 4:
-                continue
-            if not _is_scalar(om, s_g.input[1], 0) or s_g.input[2] != s_up.input[1] or s_g.input[3] != s_up.input[3]:
-                continue
-            axes = _const(om, s_g.input[3])
-            mm = _parent(out2node, s_g.input[0], "MatMul")
-            w = mm and _const(om, mm.input[1])
-            if axes is None or int(axes.reshape(-1)[0]) not in (-1, 2) or w is None or w.shape[-1] % 2:
-                continue
-            om.remove_node(mul)
-            om.add_node(helper.make_node("SwiGLU", [s_g.input[0]], [mul.output[0]], name=mul.name + "_swiglu",
-                                         domain=MS, activation_alpha=1.0, activation_beta=0.0, limit=0.0,
-                                         round_activation=1))
-            n += 1
-            break
+    for add in list(om.get_nodes_by_op_type("Add")):
+        muls = [_parent(out2node, x, "Mul") for x in add.input]
+        if len(muls) != 2 or not all(muls):
+            continue
+        rot = next((m for m in muls if _parent(out2node, m.input[0], "MatMul")), None)
+        plain = muls[1] if rot is muls[0] else muls[0]
+        mm_r = rot and _parent(out2node, rot.input[0], "MatMul")
+        r = mm_r and _const(om, mm_r.input[1])
+        perm = None if r is None else _rotation_permutation(r)
+        if perm is None or plain.input[0] != mm_r.input[0] or _const(om, plain.input[1]) is not None:
+            continue
+        x, cos, sin, d = plain.input[0], plain.input[1], rot.input[1], r.shape[0]
+        if (cos, sin) not in tables:
+            t = f"rope_table_{len(tables)}"
+            ax = _init(om, np.array([-2], np.int64), "rope_axis_m2")
+            idx = _init(om, perm, f"rope_sin_perm_{d}")
+            om.add_nodes([helper.make_node("Gather", [sin, idx], [t + "_sinp"], name=t + "_sinp", axis=-1),
+                          helper.make_node("Unsqueeze", [cos, ax], [t + "_c5"], name=t + "_c5"),
+                          helper.make_node("Unsqueeze", [t + "_sinp", ax], [t + "_s5"], name=t + "_s5"),
+                          helper.make_node("Concat", [t + "_c5", t + "_s5"], [t], name=t, axis=-2)])
+            tables[(cos, sin)] = t
+        k = _init(om, np.concatenate([np.eye(d, dtype=r.dtype), r]), f"rope_stack_{d}_{r.dtype.name}")
+        ax = _init(om, np.array([-2], np.int64), "rope_axis_m2")
+        flat = _init(om, np.array([0, 0, 0, -1], np.int64), "rope_pair_shape")
+        tag = add.name + "_rope"
+        nodes = [helper.make_node("Unsqueeze", [x, ax], [tag + "_x5"], name=tag + "_x5"),
+                 helper.make_node("Mul", [tag + "_x5", tables[(cos, sin)]], [tag + "_prod"], name=tag + "_mul"),
+                 helper.make_node("Reshape", [tag + "_prod", flat], [tag + "_pairs"], name=tag + "_pairs"),
+                 helper.make_node("MatMul", [tag + "_pairs", k], [add.output[0]], name=tag + "_sum")]
+        om.remove_nodes([add, plain, rot, mm_r])
+        om.add_nodes(nodes)
+        n += 1
+        out2node = om.output_name_to_node()
     return n
 
 
 def portable_equivalent(model):
-    """The cuda-only ops of a fused graph rewritten with portable ones, in place: SwiGLU -> Split, Sigmoid, Mul,
-    Mul; packed GroupQueryAttention with Q/K-norm weights -> Split, per-head SimplifiedLayerNormalization,
-    GroupQueryAttention(q, k, v).  Follows the ops' documented semantics; returns the number rewritten."""
+    """The cuda-only ops of a fused graph rewritten with portable ones, in place: packed GroupQueryAttention with
+    Q/K-norm weights -> Split, per-head SimplifiedLayerNormalization, GroupQueryAttention(q, k, v).  Follows the ops' documented semantics; returns the number rewritten."""
     from onnx import helper
 
     om = _onnx_model(model)
     n = 0
-    for sw in list(om.get_nodes_by_op_type("SwiGLU")):
-        t = sw.name
-        halves = {"num_outputs": 2} if _opset(model) >= 18 else {}
-        nodes = [helper.make_node("Split", [sw.input[0]], [t + "_g", t + "_u"], axis=-1, **halves),
-                 helper.make_node("Sigmoid", [t + "_g"], [t + "_sig"]),
-                 helper.make_node("Mul", [t + "_g", t + "_sig"], [t + "_silu"]),
-                 helper.make_node("Mul", [t + "_silu", t + "_u"], list(sw.output))]
-        om.remove_node(sw)
-        om.add_nodes(nodes)
-        n += 1
     for gqa in list(om.get_nodes_by_op_type("GroupQueryAttention")):
         ins = list(gqa.input) + [""] * (16 - len(gqa.input))
         if len(gqa.input) < 16 or not ins[14]:
@@ -552,10 +669,10 @@ def fuse_decoder(model, opts: FuseOptions = FuseOptions()) -> dict[str, int]:
     if opts.target == "cuda" and opts.gqa_qk_norm:
         done["gqa_qk_norm"] = pack_gqa_qk_norm(om)
         _finish(om)
+    done["rope"] = fuse_rope(om)
     done["skip_rms_norm"] = fuse_skip_norms(om, simplified=True)
     done["lm_head"] = fuse_lm_head(om)
-    if opts.target == "cuda" and opts.swiglu:
-        done["swiglu"] = fuse_swiglu(om)
+    done["gate_up"] = unpack_gate_up(om)
     _finish(om)
     return done
 
@@ -585,8 +702,6 @@ def fuse_artifact(src: Path, out: Path, opts: FuseOptions = FuseOptions(),
     """FP16 or FP32 artifact -> the same artifact with fused graphs (OUT may equal SRC: fused in place).
 
     Fuse before `quantize weight-int8`: the fusions match MatMul + bias patterns that MatMulNBits replaces."""
-    import onnx
-
     from quantize.export import _file_table, _io
 
     opts.validate()
@@ -605,7 +720,7 @@ def fuse_artifact(src: Path, out: Path, opts: FuseOptions = FuseOptions(),
     written = set()
     for name, fuser in GRAPH_FUSERS.items():
         g = getattr(m, name).file
-        model = onnx.load(str(src / g))
+        model = load_graph(src / g)
         before = op_counts(model)
         passes = fuser(model, opts)
         after = op_counts(model)
@@ -620,8 +735,8 @@ def fuse_artifact(src: Path, out: Path, opts: FuseOptions = FuseOptions(),
             if f not in written:
                 shutil.copyfile(src / f, out / f)
     dec = report["graphs"]["decoder"]
-    report["cuda_only_ops"] = (["SwiGLU"] if dec["passes"].get("swiglu") else []) + \
-        (["GroupQueryAttention q_norm_weight/k_norm_weight"] if dec["passes"].get("gqa_qk_norm") else [])
+    report["cuda_only_ops"] = ["GroupQueryAttention q_norm_weight/k_norm_weight"] if dec["passes"].get("gqa_qk_norm") \
+        else []
     report["seconds"] = round(time.perf_counter() - t0, 1)
     fused = m.derive(vision=replace(m.vision, **_io(out / m.vision.file)),
                      decoder=replace(m.decoder, **_io(out / m.decoder.file)),
@@ -638,7 +753,6 @@ def main(argv=None) -> int:
     ap.add_argument("out", type=Path, help="fused artifact directory to write (may equal ARTIFACT)")
     ap.add_argument("--target", choices=TARGETS, default="cuda",
                     help="cuda (default): also ops only ONNX Runtime's CUDA EP runs; portable: runs on every EP")
-    ap.add_argument("--no-swiglu", action="store_true", help="cuda target: keep the MLP gate as exported")
     ap.add_argument("--no-gqa-qk-norm", action="store_true",
                     help="cuda target: keep q|k|v split and the Q/K norms outside GroupQueryAttention")
     ap.add_argument("--no-attention-bias", action="store_true",
@@ -647,7 +761,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     logging.getLogger("onnxruntime.transformers").setLevel(logging.WARNING)
     try:
-        fuse_artifact(a.artifact, a.out, FuseOptions(target=a.target, swiglu=not a.no_swiglu,
+        fuse_artifact(a.artifact, a.out, FuseOptions(target=a.target,
                                                      gqa_qk_norm=not a.no_gqa_qk_norm,
                                                      attention_bias=not a.no_attention_bias))
     except (ValueError, EdgeOCRError) as e:

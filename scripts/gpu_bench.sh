@@ -4,13 +4,17 @@
 #   1. probe which fused ops this ONNX Runtime's CUDA EP runs, numerically (scripts/gpu_perf.py probe)
 #   2. the real-size architecture on random weights, exported FP16 (gqa + selection in the graph, CUDA graph),
 #      fused for CUDA (quantize fuse; ops the probe rejected are left out), and weight-INT8 of the fused
-#      artifact (decoder and vision MatMuls as MatMulNBits)
-#   3. `edgeocr bench` of fused FP16 (with --compare-transformers) and fused weight-INT8, kernel profiles per
-#      decode step / vision call / prefill, device memory by stage (runtime settings and edgeocr.ort_options),
-#      time to first token from the encoded file for each preprocessing path, tokens of fused vs unfused
-#   4. as time allows (DEADLINE_S, default 330 s): the unfused FP16 and the unfused decoder-only weight-INT8
-#      (the previous default) benched and profiled in the same session, for before/after
-# Results in $OUT (<= 5 files): summary.json (every result), bench.txt, profile.txt, run.log.
+#      artifact (decoder and vision MatMuls as MatMulNBits); the decoder's op counts before/after (nodes.json)
+#   3. `edgeocr bench` of fused FP16 (with --compare-transformers) and fused weight-INT8 on the eval page
+#      (1,093-token prompt, decode per token at that depth; first token from the file on the default
+#      preprocessing path, device on CUDA, and from pixels), the kernel count per decode step (gpu_profile.py),
+#      device memory after two pages of $TOKENS tokens (runtime settings), time to first token per
+#      preprocessing path
+#   4. as time allows (DEADLINE_S, default 400 s: nothing new starts later): memory with edgeocr.ort_options'
+#      settings, the unfused FP16 benched and profiled for before/after, tokens of fused vs unfused
+# Every step runs under what is left of HARD_S (default 530 s), so the whole script ends within 9 minutes
+# and always packs what it measured.  Results in $OUT (<= 5 files): summary.json (every result), bench.txt,
+# profile.txt, run.log.
 #
 #   scripts/gpu_bench.sh                 on a CUDA machine
 #   scripts/gpu_bench.sh --cpu-tiny      the same steps on the CPU with a tiny checkpoint (checks the script;
@@ -26,7 +30,8 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 W=${WORK:-/tmp/work-perf}; R=$W/results; mkdir -p "$W" "$R"
 TOKENS=${TOKENS:-256}
-DEADLINE_S=${DEADLINE_S:-330}
+DEADLINE_S=${DEADLINE_S:-400}
+HARD_S=${HARD_S:-530}
 IMG=$ROOT/calibration_data/eval/000000.jpg
 LOG=$OUT/run.log; : > "$LOG"
 T0=$(date +%s)
@@ -34,9 +39,11 @@ if [ $MODE = gpu ]; then DEV=cuda; TARGET=cuda; GRAPH="--cuda-graph on"; PROF_GR
 else DEV=cpu; TARGET=portable; GRAPH=""; PROF_GRAPH=""; TRACE=cpu; TOKENS=${TOKENS_CPU:-16}; fi
 
 say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$LOG"; }
-# step NAME CMD...: run, log its tail, record wall time and exit status; never stops the script
-step() { local name=$1; shift; local t=$(date +%s)
-  say "-- $name"; "$@" >> "$LOG" 2>&1; local rc=$?
+# step NAME CMD...: run (under what is left of HARD_S), log its tail, record wall time and exit status; never
+# stops the script
+step() { local name=$1; shift; local t=$(date +%s); local left=$(( HARD_S - (t - T0) ))
+  [ "$left" -gt 5 ] || { say "-- skipping $name: past ${HARD_S} s"; return 124; }
+  say "-- $name"; timeout -k 5 "$left" "$@" >> "$LOG" 2>&1; local rc=$?
   echo "{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $(( $(date +%s) - t ))}" > "$R/step_${name}.json"
   [ $rc = 0 ] || say "   $name failed (rc $rc), see run.log"; return $rc; }
 in_time() { [ $(( $(date +%s) - T0 )) -lt "$DEADLINE_S" ] || { say "-- skipping $1: past ${DEADLINE_S} s"; return 1; }; }
@@ -79,6 +86,16 @@ PRECISION=fp16; [ $MODE = cpu ] && PRECISION=fp32   # ONNX Runtime's CPU EP has 
 rm -rf $W/fused $W/w8-fused
 step fuse $PY -m quantize fuse $W/fp16 $W/fused --target $TARGET $FUSE_FLAGS
 step w8_fused $PY -m quantize weight-int8 $W/fused $W/w8-fused
+step nodes $PY - "$R/nodes.json" $W/fused <<'EOF'
+import json, sys
+from edgeocr.artifact import read
+f = read(sys.argv[2]).export["fusion"]["graphs"]["decoder"]
+free = ("Constant", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Shape")     # no kernel on CUDA
+count = lambda ops: sum(v for k, v in ops.items() if k not in free)              # noqa: E731
+out = {"decoder_ops_exported": f["ops_before"], "decoder_ops_fused": f["ops_after"], "passes": f["passes"],
+       "decoder_nodes_exported": count(f["ops_before"]), "decoder_nodes_fused": count(f["ops_after"])}
+json.dump(out, open(sys.argv[1], "w"), indent=1); print({k: v for k, v in out.items() if "nodes" in k})
+EOF
 
 # 3. the fused flavours
 bench() { local name=$1 art=$2; shift 2
@@ -107,22 +124,20 @@ bench w8_fused $W/w8-fused
 profile fp16_fused $W/fused
 profile w8_fused $W/w8-fused
 for art in fused w8-fused; do
-  for cfg in runtime tuned; do
-    step memory_${art}_$cfg $PY scripts/gpu_perf.py memory $W/$art --config $cfg --device $DEV --tokens $TOKENS \
-      --image "$IMG" --json "$R/memory_${art}_$cfg.json"
-  done
-  step ttft_$art $PY scripts/gpu_perf.py ttft $W/$art "$IMG" --device $DEV --json "$R/ttft_$art.json"
+  step memory_${art}_runtime $PY scripts/gpu_perf.py memory $W/$art --config runtime --device $DEV --tokens $TOKENS \
+    --image "$IMG" --json "$R/memory_${art}_runtime.json"
 done
-step memory_w8-fused_conv $PY scripts/gpu_perf.py memory $W/w8-fused --config conv --device $DEV --tokens $TOKENS \
-  --image "$IMG" --json "$R/memory_w8-fused_conv.json"
+step ttft_fused $PY scripts/gpu_perf.py ttft $W/fused "$IMG" --device $DEV --json "$R/ttft_fused.json"
 
-# 4. before/after in the same session, as time allows
+# 4. as time allows
+for art in fused w8-fused; do
+  in_time "memory of $art, tuned settings" && step memory_${art}_tuned $PY scripts/gpu_perf.py memory $W/$art \
+    --config tuned --device $DEV --tokens $TOKENS --image "$IMG" --json "$R/memory_${art}_tuned.json"
+done
 in_time "unfused FP16 bench" && bench fp16 $W/fp16
 in_time "unfused FP16 profile" && profile fp16 $W/fp16
-in_time "unfused decoder-only weight-INT8" && { rm -rf $W/w8; step w8 $PY -m quantize weight-int8 $W/fp16 $W/w8 \
-  --decoder-only && bench w8 $W/w8; }
-in_time "memory of the unfused FP16" && step memory_fp16_runtime $PY scripts/gpu_perf.py memory $W/fp16 \
-  --config runtime --device $DEV --tokens $TOKENS --image "$IMG" --json "$R/memory_fp16_runtime.json"
+in_time "time to first token, weight-INT8" && step ttft_w8-fused $PY scripts/gpu_perf.py ttft $W/w8-fused "$IMG" \
+  --device $DEV --json "$R/ttft_w8-fused.json"
 in_time "tokens fused vs unfused" && step tokens $PY - "$R/tokens.json" $DEV $W/fp16 $W/fused $W/w8-fused <<'EOF'
 import json, sys
 from pathlib import Path
@@ -140,6 +155,6 @@ res = {a: {"tokens": r, "identical_to_" + Path(arts[0]).name: r == ref,
 json.dump(res, open(out, "w"), indent=1); print({a: v["first_divergence"] for a, v in res.items()})
 EOF
 
-step pack $PY scripts/gpu_perf.py pack "$R" "$OUT/summary.json"
+$PY scripts/gpu_perf.py pack "$R" "$OUT/summary.json" 2>&1 | tee -a "$LOG"     # always, past HARD_S too
 say "done in $(( $(date +%s) - T0 )) s; results in $OUT"
 ls -la "$OUT" | tee -a "$LOG"

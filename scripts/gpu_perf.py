@@ -1,7 +1,7 @@
 """Measurements behind docs/perf.md, one subcommand each (every one writes JSON; see scripts/gpu_bench.sh):
 
     python scripts/gpu_perf.py probe --json OUT                    which fused ops ONNX Runtime's CUDA EP runs, checked
-                                                                   against numpy (SwiGLU, GroupQueryAttention's Q/K-norm
+                                                                   against numpy (GroupQueryAttention's Q/K-norm
                                                                    prologue on packed q|k|v, uint8 antialiased Resize)
     python scripts/gpu_perf.py memory ARTIFACT --config C --json OUT   device memory by stage (context, each session, KV
                                                                    cache, first page, second page) with the runtime's
@@ -47,43 +47,25 @@ def _session(model, providers):
     return ort.InferenceSession(model.SerializeToString(), so, providers=providers)
 
 
-def probe_swiglu(providers) -> dict:
-    import onnx
-    from onnx import TensorProto, helper
-
-    g = helper.make_graph([helper.make_node("SwiGLU", ["x"], ["y"], domain="com.microsoft", activation_alpha=1.0,
-                                            activation_beta=0.0, limit=0.0, round_activation=1)], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 3, 64])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-    m.ir_version = 8
-    s = _session(m, providers)
-    x = np.random.default_rng(0).standard_normal((1, 3, 64)).astype(np.float16)
-    y = s.run(None, {"x": x})[0].astype(np.float32)
-    g_, u = x[..., :32].astype(np.float32), x[..., 32:].astype(np.float32)
-    ref = g_ / (1 + np.exp(-g_)) * u
-    onnx.checker.check_model(m)
-    return {"max_err": float(np.abs(y - ref).max()), "ok": bool(np.abs(y - ref).max() < 2e-2),
-            "providers": s.get_providers()}
-
-
 def _rms(x, w, eps):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-def probe_gqa_qk_norm(providers, device="cuda") -> dict:
+def probe_gqa_qk_norm(providers, device="cuda", qk_norm: bool = True) -> dict:
     """Packed q|k|v into GroupQueryAttention with q_norm_weight / k_norm_weight, the cache bound in place as the
     runtime binds it: a 5-token prefill, then one decode step, against numpy (per-head RMSNorm, then causal
-    grouped attention); the cache must hold the normalized keys."""
+    grouped attention); the cache must hold the normalized keys.  qk_norm False: the same without the norm
+    inputs (what ONNX Runtime's CPU provider runs; the tests check the probe itself with it)."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     nq, kvh, d, mx, s, eps = 4, 2, 64, 32, 5, 1e-5
     rng = np.random.default_rng(1)
     qn, kn = (1 + 0.3 * rng.standard_normal(d)).astype(np.float16), (1 + 0.3 * rng.standard_normal(d)).astype(np.float16)
-    node = helper.make_node("GroupQueryAttention", ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total"] + [""] * 7
-                            + ["qn", "kn"], ["out", "present_key", "present_value"], domain="com.microsoft",
-                            num_heads=nq, kv_num_heads=kvh, qk_norm_epsilon=eps)
+    norm_inputs = [""] * 7 + ["qn", "kn"] if qk_norm else []
+    node = helper.make_node("GroupQueryAttention", ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total"]
+                            + norm_inputs, ["out", "present_key", "present_value"], domain="com.microsoft",
+                            num_heads=nq, kv_num_heads=kvh, **({"qk_norm_epsilon": eps} if qk_norm else {}))
     f16 = TensorProto.FLOAT16
     g = helper.make_graph([node], "g",
                           [helper.make_tensor_value_info("qkv", f16, [1, "s", (nq + 2 * kvh) * d]),
@@ -94,7 +76,8 @@ def probe_gqa_qk_norm(providers, device="cuda") -> dict:
                           [helper.make_tensor_value_info("out", f16, None),
                            helper.make_tensor_value_info("present_key", f16, None),
                            helper.make_tensor_value_info("present_value", f16, None)],
-                          initializer=[numpy_helper.from_array(qn, "qn"), numpy_helper.from_array(kn, "kn")])
+                          initializer=[numpy_helper.from_array(qn, "qn"), numpy_helper.from_array(kn, "kn")]
+                          if qk_norm else [])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     m.ir_version = 8
     sess = _session(m, providers)
@@ -109,14 +92,19 @@ def probe_gqa_qk_norm(providers, device="cuda") -> dict:
         b.bind_ortvalue_input("past_value", vc)
         b.bind_cpu_input("seqlens_k", np.array([start + n - 1], np.int32))
         b.bind_cpu_input("total", np.array(start + n, np.int32))
+        # get_outputs() lists the outputs in the order they were bound: "out" first
+        b.bind_output("out", "cpu")
         b.bind_ortvalue_output("present_key", kc)
         b.bind_ortvalue_output("present_value", vc)
-        b.bind_output("out", "cpu")
         sess.run_with_iobinding(b)
-        outs.append(b.get_outputs()[0].numpy().astype(np.float32))
+        out = b.get_outputs()[0].numpy()
+        if out.shape != (1, n, nq * d):
+            raise AssertionError(f"GroupQueryAttention output has shape {out.shape}, expected {(1, n, nq * d)}")
+        outs.append(out.astype(np.float32))
     xf = x.astype(np.float32)[0]
-    q = _rms(xf[:, :nq * d].reshape(-1, nq, d), qn.astype(np.float32), eps)
-    k = _rms(xf[:, nq * d:(nq + kvh) * d].reshape(-1, kvh, d), kn.astype(np.float32), eps)
+    q, k = xf[:, :nq * d].reshape(-1, nq, d), xf[:, nq * d:(nq + kvh) * d].reshape(-1, kvh, d)
+    if qk_norm:
+        q, k = _rms(q, qn.astype(np.float32), eps), _rms(k, kn.astype(np.float32), eps)
     v = xf[:, (nq + kvh) * d:].reshape(-1, kvh, d)
     ref = np.zeros((s + 1, nq, d), np.float32)
     for t in range(s + 1):
@@ -151,14 +139,13 @@ def cmd_probe(a) -> int:
     # CPU second: ONNX Runtime places shape inputs there; neither probed op has a CPU kernel to fall back to
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if a.device == "cuda" else ["CPUExecutionProvider"]
     out = {"device": a.device}
-    for name, fn in (("swiglu", lambda: probe_swiglu(providers)),
-                     ("gqa_qk_norm", lambda: probe_gqa_qk_norm(providers, a.device)),
+    for name, fn in (("gqa_qk_norm", lambda: probe_gqa_qk_norm(providers, a.device)),
                      ("resize_uint8", lambda: probe_resize(a.device))):
         try:
             out[name] = fn()
         except Exception as e:  # an unsupported op is a result here, not a failure of the probe
             out[name] = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
-    flags = [f for f, k in (("--no-swiglu", "swiglu"), ("--no-gqa-qk-norm", "gqa_qk_norm")) if not out[k]["ok"]]
+    flags = [f for f, k in (("--no-gqa-qk-norm", "gqa_qk_norm"),) if not out[k]["ok"]]
     out["fuse_flags"] = " ".join(flags)
     _write(a.json, out)
     print(f"FUSE_FLAGS={out['fuse_flags']}")
@@ -171,6 +158,23 @@ def _used_mib(cuda) -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     free, total = cuda.mem_info()
     return (total - free) / 2**20
+
+
+def tuned_arena(manifest, config: str, device: str) -> tuple[bool, bool, str]:
+    """(share one arena between the sessions, shrink the arena after each vision call, why) for `config`.
+
+    Never both when the decoder replays a CUDA graph (gqa + selection in the graph, on CUDA): the captured step
+    holds the addresses of its intermediate buffers, which lie in the arena as free chunks between steps.  With
+    one shared arena, the vision call's shrinkage hands those chunks back to the device (cudaFree), and the
+    next replay reads freed memory: `cudaGraphLaunch ... invalid argument`, then an illegal memory access (what
+    `memory --config tuned` did on both fused artifacts).  There the vision arena is shrunk on its own and the
+    decoder keeps its arena."""
+    if config != "tuned" or device != "cuda":
+        return False, False, "off"
+    graph = manifest.decoder.attention == "gqa" and manifest.decoder.select_on_device
+    if graph:
+        return False, True, "separate arenas: the decoder replays a CUDA graph (vision arena shrunk after each call)"
+    return True, True, "one shared arena, shrunk after each vision call"
 
 
 def cmd_memory(a) -> int:
@@ -190,14 +194,15 @@ def cmd_memory(a) -> int:
     m = read_manifest(Path(a.artifact))
     original = ort.InferenceSession.__init__
     original_run = ort.InferenceSession.run_with_iobinding
-    shrink = ort_options.vision_run_options(ort) if a.config == "tuned" and a.device == "cuda" else None
+    share, shrink_vision, notes["arena"] = tuned_arena(m, a.config, a.device)
+    shrink = ort_options.vision_run_options(ort) if shrink_vision else None
 
     def init(self, path, sess_options=None, providers=None, **kw):
         name = Path(str(path)).stem
         if a.config in ("conv", "tuned") and providers:
             providers = [(p[0], {**p[1], **ort_options.cuda_provider_options(m.precision, conv_workspace=False)})
                          if isinstance(p, tuple) and p[0] == "CUDAExecutionProvider" else p for p in providers]
-        if a.config == "tuned" and a.device == "cuda":
+        if share:
             sess_options = sess_options or ort.SessionOptions()
             try:
                 ort_options.share_arena(ort, sess_options)
@@ -325,18 +330,24 @@ def cmd_report(a) -> int:
     """summary.json (gpu_bench.sh) -> the markdown tables docs/perf.md shows."""
     d = json.loads(Path(a.summary).read_text())
     f = lambda x, n=3: "" if x is None else f"{x:.{n}f}"   # noqa: E731
-    out = ["| flavour | decode ms/token | TTFT ms (bench, exact path) | vision ms | prefill ms | device MiB |"
-           " transformers ms/token |", "|---|---|---|---|---|---|---|"]
+    out = ["| flavour | prompt tokens | decode ms/token | TTFT ms from the file (path) | TTFT ms from pixels | vision ms |"
+           " prefill ms | device MiB | transformers ms/token |", "|---|---|---|---|---|---|---|---|---|"]
     for name in ("fp16", "fp16_fused", "w8", "w8_fused"):
         b = d.get(f"bench_{name}")
         if b:
             e, hf = b["edgeocr"], b.get("transformers") or {}
-            out.append(_row([name, f(e["decode_ms_per_token"]), f(e["first_token_ms"], 1), f(e["vision_ms"], 1),
+            out.append(_row([name, e["prompt_tokens"], f(e["decode_ms_per_token"]),
+                             f"{f(e['first_token_ms'], 1)} ({e.get('preprocess') or 'exact'})",
+                             f(e["first_token_ms"] - e["preprocess_ms"], 1), f(e["vision_ms"], 1),
                              f(e["prefill_ms"], 1), f(e["peak_device_mib"], 0), f(hf.get("decode_ms_per_token"))]))
-    out += ["", "| flavour | stage | kernels | GPU busy ms | wall ms | memcpy |", "|---|---|---|---|---|---|"]
+    if "nodes" in d:
+        out += ["", "decoder nodes with a kernel (exported -> fused): "
+                f"{d['nodes']['decoder_nodes_exported']} -> {d['nodes']['decoder_nodes_fused']}"]
+    out += ["", "| flavour | stage | kernels | GPU busy ms | wall ms | memcpy | host->device |", "|---|---|---|---|---|---|---|"]
     for k in sorted(x for x in d if x.startswith("profile_")):
-        for s in d[k]["stages"]:
-            out.append(_row([k[8:], s["stage"], f(s["kernels"], 0), f(s["gpu_busy_ms"]), f(s["wall_ms"]), f(s["memcpy"], 0)]))
+        for s in d[k].get("stages", []):
+            out.append(_row([k[8:], s["stage"], f(s["kernels"], 0), f(s["gpu_busy_ms"]), f(s["wall_ms"]),
+                             f(s["memcpy"], 0), f(s.get("h2d"), 0)]))
     out += ["", "| artifact / settings | " + " | ".join(n for n, _, _ in next(
         (v["stages_mib"] for k, v in d.items() if k.startswith("memory_") and "stages_mib" in v), [])) + " | peak |"]
     out.append("|---" * (len(out[-1].split("|")) - 2) + "|")

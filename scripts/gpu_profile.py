@@ -32,6 +32,7 @@ def _summary(stage: str, ks: list[tuple[str, float]], wall_ms: float, per: int =
     return {"stage": stage, "repetitions": per, "wall_ms": wall_ms / per,
             "gpu_busy_ms": sum(d for _, d in ks) / 1e3 / per, "kernels": len(ks) / per,
             "memcpy": sum(1 for n, _ in ks if n.startswith("Memcpy") or "memcpy" in n) / per,
+            "h2d": sum(1 for n, _ in ks if "HtoD" in n) / per,         # host -> device copies inside the stage
             "top": [{"ms": t / per, "count": c / per, "kernel": n[:160]} for n, (c, t) in top]}
 
 
@@ -114,7 +115,7 @@ def profile_cpu(artifact: str) -> list[dict]:
             ort.InferenceSession(str(Path(artifact) / getattr(m, graph).file), so, providers=["CPUExecutionProvider"])
             nodes = Counter(n.op_type for n in onnx.load(so.optimized_model_filepath, load_external_data=False).graph.node)
             out.append({"stage": stage, "repetitions": 1, "wall_ms": 0.0, "gpu_busy_ms": 0.0,
-                        "kernels": sum(nodes.values()), "memcpy": 0,
+                        "kernels": sum(nodes.values()), "memcpy": 0, "h2d": 0,
                         "top": [{"ms": 0.0, "count": c, "kernel": op} for op, c in nodes.most_common(TOP)]})
     return out
 

@@ -41,3 +41,24 @@ def test_bench_pages_with_transformers_batched(ckpt_a, tmp_path):
     assert abs(e["tokens_per_s"] - 6 * e["pages_per_s"]) < 1e-6 * e["tokens_per_s"]
     assert hf["batch"] == 3 and hf["pages"] == 3 and hf["pages_per_s"] > 0
     assert "pages/s" in r.stdout and "x" in r.stdout.splitlines()[-1]
+
+
+def test_preprocess_defaults_to_the_device_path_on_cuda(monkeypatch):
+    """`edgeocr bench` / `recognize` without --preprocess: the device graph on CUDA (measured the faster path
+    there), the exact reference path on the CPU; a named path is kept."""
+    from edgeocr import bench, cli
+
+    seen = []
+
+    def fake_bench(artifact, image, device="cpu", preprocess=None, **kw):
+        seen.append((device, preprocess))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(bench, "bench", fake_bench)
+    for argv in (["--device", "cuda"], ["--device", "cpu"], ["--device", "cuda", "--preprocess", "exact"]):
+        try:
+            cli.main(["bench", "artifact", *argv])
+        except SystemExit:
+            pass
+    assert seen == [("cuda", "device"), ("cpu", "exact"), ("cuda", "exact")]
+    assert bench.default_preprocess("cuda") == "device" and bench.default_preprocess("cpu") == "exact"

@@ -131,3 +131,55 @@ def test_cli_reports_exit_codes_and_resume(art_a, art_b, tmp_path):
     assert r.returncode == 1 and "no manifest.json" in r.stderr
     r = _check("--reference", str(art_a))
     assert r.returncode == 2
+
+
+def test_unreadable_pages_are_error_rows_and_the_run_goes_on(art_a, tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from PIL import Image
+    eval_dir = Path(__file__).resolve().parents[1] / "calibration_data" / "eval"
+    data = tmp_path / "data"
+    data.mkdir()
+    for n in ("000000.jpg", "000001.jpg", "000002.jpg"):
+        shutil.copy(eval_dir / n, data / n)
+    (data / "000003.jpg").write_bytes((eval_dir / "000003.jpg").read_bytes()[:300])      # truncated
+    Image.new("RGB", (8, 8), "white").save(data / "000004.png")                           # under the minimum
+    shutil.copy(eval_dir / "000005.jpg", data / "000005.jpg")
+    out = tmp_path / "rep"
+    args = ["--reference", str(art_a), "--candidate", str(art_a), "--data", str(data), "--max-new-tokens", "2",
+            "--out", str(out)]
+    r = _check(*args)
+    assert r.returncode == 1, r.stderr
+    rep = json.loads(out.with_suffix(".json").read_text())
+    assert rep["summary"]["pages"] == 4 and rep["summary"]["errors"] == 2
+    errs = {p["image"]: p["error"] for p in rep["pages"] if "error" in p}
+    assert "truncated or corrupt" in errs["000003.jpg"]["message"]
+    assert errs["000004.png"]["type"] == "PageTooSmall"
+    assert "[6/6] 000005.jpg: same" in r.stderr and "(2 more could not be read)" in r.stdout
+    assert "2 page(s) could not be read" in r.stderr
+    assert out.with_suffix(".csv").read_text().count("\n") == 7
+    # resume: the pages read are kept, the error rows are tried again (fixed file now reads)
+    shutil.copy(eval_dir / "000003.jpg", data / "000003.jpg")
+    r = _check(*args)
+    rep = json.loads(out.with_suffix(".json").read_text())
+    assert r.returncode == 1 and rep["summary"]["pages"] == 5 and rep["summary"]["errors"] == 1
+    assert "resumed: 4 page(s)" in r.stdout
+
+
+def test_format_pages_puts_truth_beside_each_side_with_cer():
+    from edgeocr.check import format_pages
+    side = {"text": "TOTAL 12\nTAX 1", "cer": 0.25, "cer_nows": 0.2, "timings_ms": {"per_token": 2.0, "total": 100.0}}
+    report = {"pages": [{"image": "a.jpg", "truth": "TOTAL 12\nTAX 2" + "x" * 200, "reference": side,
+                         "candidate": dict(side, cer=0.5)},
+                        {"image": "b.jpg", "error": {"type": "ImageError", "message": "b.jpg: truncated"}}],
+              "summary": {"errors": 1, "reference": {"cer": 0.25, "cer_nows": 0.2, "mean_total_ms": 100.0},
+                          "candidate": {"cer": 0.5, "cer_nows": 0.2, "mean_total_ms": 100.0}}}
+    lines = format_pages(report, ("FP32", "INT8"), width=20).splitlines()
+    assert lines[0] == "a.jpg"
+    assert lines[1].endswith("  TOTAL 12 ⏎ TAX 2xxx…") and len(lines[1].split("  ")[-1]) == 20
+    assert lines[2] == "  FP32   CER  25.0%  no-ws  20.0%  TOTAL 12 ⏎ TAX 1"
+    assert lines[3].startswith("  INT8   CER  50.0%")
+    assert lines[5] == "  error  b.jpg: truncated"
+    assert lines[6] == "FP32     mean CER 25.0% (no whitespace 20.0%); 2.00 ms/token, 100 ms/page"
+    assert lines[-1] == "1 page(s) could not be read"

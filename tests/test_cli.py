@@ -48,6 +48,8 @@ def test_run_text_json_and_errors(art_a, tmp_path):
 
 def test_tasks_listing():
     assert "spotting" in run("-m", "edgeocr", "tasks").stdout
+    en = run("-m", "edgeocr", "tasks", "--lang", "en").stdout          # the README's command
+    assert "structured_parse   Extract the text in the image." in en
 
 
 def test_export_cli_reports_sizes(ckpt_a, tmp_path):

@@ -99,10 +99,11 @@ def test_pdf_pages_at_dpi_and_a_broken_pdf(art_a, tmp_path):
     (bad,) = [r for r in recs if "error" in r]
     assert bad["file"] == str(tmp_path / "bad.pdf") and bad["page"] is None
     assert bad["error"]["type"] == "ImageError" and "not a readable PDF" in bad["error"]["message"]
-    # stdout JSON without --out: one object per page, in the same shape as before plus the page number
+    # stdout JSON without --out: one object per page, the same keys as an --out line
     p = cli(tmp_path / "doc.pdf", "--model", art_a, "--format", "json", "--max-new-tokens", "2", check_rc=0)
     objs = [json.loads(s) for s in p.stdout.splitlines()]
-    assert sorted(o["page"] for o in objs) == [1, 2, 3] and {o["image"] for o in objs} == {str(tmp_path / "doc.pdf")}
+    assert sorted(o["page"] for o in objs) == [1, 2, 3] and {o["file"] for o in objs} == {str(tmp_path / "doc.pdf")}
+    assert all(o.keys() == good[0].keys() for o in objs)
     assert p.stderr.count("tokens, finish=length") == 3
 
 
@@ -129,7 +130,7 @@ def test_resume_after_a_partial_file(art_a, tmp_path):
     p = cli(tmp_path / "in", "--model", art_a, "--out", out, "--max-new-tokens", "1", check_rc=2)
     assert "already exists: pass --resume" in p.stderr
     p = cli(tmp_path / "in", "--model", art_a, "--out", out, "--resume", "--max-new-tokens", "1", check_rc=0)
-    assert "2 pages already done, 3 to go (1 failed before, retried)" in p.stderr
+    assert "2 pages already done, 3 to go (1 error line(s) removed; 1 of those pages run again)" in p.stderr
     assert p.stderr.count("tokens, finish=length") == 3
     recs = lines_of(out)
     assert recs[:2] == kept                                    # untouched, in place
@@ -223,6 +224,9 @@ def test_usage_errors(tmp_path):
                        (["--resume"], "apply to an --out file"),
                        ([tmp_path / "empty"], "folder has no image or PDF file"),
                        (["--dpi", "0"], "--dpi must be positive"),
+                       (["--max-new-tokens", "0"], "--max-new-tokens must be a positive integer, got 0"),
+                       (["--max-pixels", "0"], "--max-pixels must be a positive integer"),
+                       (["--remote", "unix:/x.sock", "--stream"], "--stream is for local runs"),
                        (["--out", tmp_path / "nowhere" / "o.jsonl"], "does not exist")]:
         p = cli(tmp_path / "in", *extra, "--model", tmp_path, check_rc=2)
         assert msg in p.stderr and "Traceback" not in p.stderr
@@ -261,7 +265,8 @@ def test_pdf_page_limit_and_header_sniffing(tmp_path):
     with pages.PageLoader(dpi=72) as loader:
         assert loader.load(refs[0]).shape == (50, 100, 3) and loader.load(refs[1]).dtype.name == "uint8"
     with pages.PageLoader(dpi=720, max_pixels=100_000) as loader, \
-            pytest.raises(ImageTooLarge, match=r"page 1: 1000x500 = 500000 pixels at 720 dpi .* lower --dpi"):
+            pytest.raises(ImageTooLarge, match=r"page 1 at 720 dpi: 1000x500 = 500,000 pixels exceeds the pixel limit "
+                                               r"of 100,000 \(max_pixels.* lower --dpi"):
         loader.load(refs[0])
 
 
@@ -334,3 +339,34 @@ def test_run_pages_maps_out_of_order_results_and_stops_feeding(art_a, tmp_path):
     with pages.PageLoader() as loader:
         batchrun.run_pages(ooo, refs, loader, lambda o: (got.append(o), stop.set()), options=opts, stop=stop)
     assert len(got) == 3 and ooo.pulled == 3 and [o.ref.file for o in got] == sorted(sizes)[2::-1]
+
+
+def test_degenerate_pages_blank_and_too_small_and_pixel_limit(art_a, tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    Image.new("RGB", (400, 300), "white").save(d / "a_blank.png")
+    Image.new("RGB", (1, 1), "white").save(d / "b_dot.png")
+    image(3, 300, 200).save(d / "c_text.png")
+    out = tmp_path / "o.jsonl"
+    p = cli(d, "--model", art_a, "--out", out, "--max-new-tokens", "2", check_rc=1)
+    recs = {Path(r["file"]).name: r for r in lines_of(out)}
+    blank = recs["a_blank.png"]
+    assert blank["finish_reason"] == "blank" and blank["text"] == "" and blank["generated_tokens"] == 0
+    assert blank["image_size"] == [400, 300] and blank["lines"] == []
+    dot = recs["b_dot.png"]["error"]
+    assert dot["type"] == "PageTooSmall" and "1x1 pixels is smaller than the minimum page of 16x16" in dot["message"]
+    assert recs["c_text.png"]["generated_tokens"] == 2
+    # one pixel limit, one message naming the setting, for files and for rendered PDF pages
+    p = cli(d / "c_text.png", "--model", art_a, "--max-pixels", "50000", check_rc=1)
+    assert "300x200 = 60,000 pixels exceeds the pixel limit of 50,000 (max_pixels: --max-pixels or " \
+           "EDGEOCR_MAX_PIXELS)" in p.stderr
+    p = cli(d / "c_text.png", "--model", art_a, env=dict(os.environ, EDGEOCR_MAX_PIXELS="50000"), check_rc=1)
+    assert "exceeds the pixel limit of 50,000" in p.stderr
+
+
+def test_spotting_text_format_prints_one_box_per_line():
+    from edgeocr.cli import format_text
+    rec = {"text": "EXPRESS(35,46),(172,69)FROM:(33,115),(87,127)",
+           "lines": [{"text": "EXPRESS", "box": [35, 46, 172, 69]}, {"text": "FROM:", "box": [33, 115, 87, 1270]}]}
+    assert format_text(rec).splitlines() == ["[  35,   46,  172,   69]  EXPRESS", "[  33,  115,   87, 1270]  FROM:"]
+    assert format_text({"text": "plain", "lines": []}) == "plain"

@@ -49,14 +49,18 @@ def test_unreadable_and_truncated_images(model, tmp_path):
     assert model.recognize(good, options=DecodeOptions(max_new_tokens=2)).generated_tokens >= 1
 
 
+def _noise(h, w) -> np.ndarray:
+    return np.random.default_rng(h * w).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
 def test_extreme_aspect_ratio(model):
     with pytest.raises(ImageError, match="aspect ratio"):
-        model.recognize(np.zeros((2, 1000, 3), np.uint8))
+        model.recognize(np.zeros((16, 3300, 3), np.uint8))
     with pytest.raises(ImageError, match="aspect ratio"):
-        model.recognize(_png(np.zeros((1000, 3, 3), np.uint8)))
+        model.recognize(_png(np.zeros((3300, 16, 3), np.uint8)))
     # 1:100 is allowed and runs
-    r = model.recognize(np.zeros((10, 1000, 3), np.uint8), options=DecodeOptions(max_new_tokens=2))
-    assert r.image_size == (1000, 10)
+    r = model.recognize(_noise(16, 1600), options=DecodeOptions(max_new_tokens=2))
+    assert r.image_size == (1600, 16) and r.generated_tokens == 2
 
 
 def test_bad_numpy_images(model):
@@ -73,13 +77,63 @@ def test_bad_numpy_images(model):
 def test_pixel_bomb_refused_before_decode():
     from edgeocr import preprocess
     big = _png(np.zeros((300, 300, 3), np.uint8))
-    with pytest.raises(ImageError, match="exceeds the limit"):
+    with pytest.raises(ImageError, match=r"bomb.png: 300x300 = 90,000 pixels exceeds the pixel limit of 89,700 "
+                                         r"\(max_pixels: --max-pixels or EDGEOCR_MAX_PIXELS\)"):
         preprocess.decode_bytes(big, "bomb.png", max_pixels=300 * 299)
 
 
+def test_one_pixel_limit_and_never_pillows(model, monkeypatch):
+    """The limit is edgeocr's setting everywhere (argument, then EDGEOCR_MAX_PIXELS, then the default);
+    Pillow's own decompression-bomb check (89.5 MP warning, 179 MP error) is never what the user sees."""
+    import warnings
+
+    from serve_harness import pixel_bomb
+    from edgeocr import preprocess
+    from edgeocr.errors import ImageTooLarge
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                     # Pillow's DecompressionBombWarning would raise here
+        for w, h in ((9000, 9000), (20000, 20000), (30000, 30000)):
+            with pytest.raises(ImageTooLarge) as e:
+                model.recognize(pixel_bomb(w, h))
+            assert str(e.value) == (f"image bytes: {w}x{h} = {w * h:,} pixels exceeds the pixel limit of 40,000,000 "
+                                    f"(max_pixels: --max-pixels or EDGEOCR_MAX_PIXELS)")
+        # raised above Pillow's limit: the header passes, the (fake) pixel data then fails as corrupt, not as a bomb
+        with pytest.raises(ImageError, match="truncated or corrupt"):
+            preprocess.decode_bytes(pixel_bomb(10000, 10000), max_pixels=200_000_000)
+    monkeypatch.setenv("EDGEOCR_MAX_PIXELS", "1000")
+    assert preprocess.pixel_limit() == 1000 and preprocess.pixel_limit(5) == 5
+    with pytest.raises(ImageTooLarge, match="exceeds the pixel limit of 1,000"):
+        model.recognize(_png(make_image(0)))
+    monkeypatch.setenv("EDGEOCR_MAX_PIXELS", "lots")
+    with pytest.raises(ImageError, match="EDGEOCR_MAX_PIXELS='lots': not an integer"):
+        preprocess.pixel_limit()
+
+
+def test_pages_under_the_minimum_are_refused_and_blank_pages_skip_the_model(model):
+    from edgeocr.errors import PageTooSmall
+    for arr in (np.full((1, 1, 3), 255, np.uint8), np.zeros((15, 600, 3), np.uint8)):
+        with pytest.raises(PageTooSmall, match="smaller than the minimum page of 16x16 pixels"):
+            model.recognize(_png(arr))
+    for blank in (np.full((300, 400, 3), 255, np.uint8), np.full((64, 64, 3), (30, 90, 200), np.uint8)):
+        r = model.recognize(blank, task="spotting")
+        assert (r.finish_reason, r.text, r.lines, r.generated_tokens, r.token_ids) == ("blank", "", [], 0, [])
+        assert r.image_size == (blank.shape[1], blank.shape[0])
+        assert list(model.stream(blank)) == []
+        assert [r.finish_reason for _, r in model.recognize_many([blank, make_image(1)],
+                                                                 options=DecodeOptions(max_new_tokens=2))] \
+            in (["blank", "length"], ["length", "blank"])
+    # a few dark strokes are ink: the model runs
+    page = np.full((300, 400, 3), 255, np.uint8)
+    page[100:104, 50:200] = 0
+    assert model.recognize(page, options=DecodeOptions(max_new_tokens=2)).generated_tokens == 2
+
+
 def test_grayscale_and_rgba_accepted(model):
-    gray = Image.fromarray(np.full((64, 64), 128, np.uint8), "L")
-    rgba = Image.fromarray(np.zeros((64, 64, 4), np.uint8), "RGBA")
+    gray = np.full((64, 64), 128, np.uint8)
+    gray[20:30, 10:50] = 0
+    rgba = np.zeros((64, 64, 4), np.uint8)
+    rgba[20:30, 10:50, 3] = 255                      # an opaque black bar on a transparent (white) page
+    gray, rgba = Image.fromarray(gray, "L"), Image.fromarray(rgba, "RGBA")
     for im in (gray, rgba):
         b = io.BytesIO()
         im.save(b, "PNG")

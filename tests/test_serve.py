@@ -5,6 +5,7 @@ request parsers as units."""
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from PIL import Image
 
 from conftest import make_image
 from edgeocr.serve import client_request
@@ -149,6 +151,22 @@ def test_malformed_inputs_get_the_right_status_and_daemon_keeps_serving(daemon):
     assert code == 403 and json.loads(raw)["error"]["type"] == "forbidden_host"
     code, _ = client_request(daemon.unix, "GET", "/nope")
     assert code == 404
+    # one pixel limit and its message, never Pillow's; pages under the minimum; blank pages skip the model
+    code, raw = post_json(daemon.unix, "/v1/ocr", {"image": base64.b64encode(_pixel_bomb()).decode()})
+    msg = error_of(raw)["message"]
+    assert code == 413 and "30000x30000 = 900,000,000 pixels exceeds the pixel limit of 40,000,000 (max_pixels" in msg
+    assert "decompression" not in msg and "178956970" not in msg
+    tiny, blank = io.BytesIO(), io.BytesIO()
+    Image.new("RGB", (1, 1), "white").save(tiny, "PNG")
+    Image.new("RGB", (400, 300), "white").save(blank, "PNG")
+    code, raw = post_json(daemon.unix, "/v1/ocr", {"image": base64.b64encode(tiny.getvalue()).decode()})
+    assert code == 400 and "smaller than the minimum page of 16x16 pixels" in error_of(raw)["message"]
+    for stream in (False, True):
+        code, raw = post_json(daemon.unix, "/v1/ocr", {"image": base64.b64encode(blank.getvalue()).decode(),
+                                                       "stream": stream})
+        r = json.loads(raw.splitlines()[-1])
+        assert code == 200 and (r["finish_reason"], r["text"], r["generated_tokens"]) == ("blank", "", 0), raw
+        assert len(raw.splitlines()) == 1                      # no token lines: the model did not run
     # still serving
     code, raw = post_json(daemon.unix, "/v1/ocr", {"image": b64, "max_new_tokens": 2})
     assert code == 200 and json.loads(raw)["generated_tokens"] == 2
@@ -266,23 +284,91 @@ def test_settings_precedence_flags_env_file(tmp_path):
         assert name in out
 
 
-def test_remote_run_and_doctor(daemon, tmp_path):
-    p = tmp_path / "a.png"
-    p.write_bytes(_png(8))
-    r = subprocess.run([sys.executable, "-m", "edgeocr", "run", str(p), "--remote", daemon.unix, "--max-new-tokens", "3",
-                        "--format", "json"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["generated_tokens"] == 3 and "(remote)" in r.stderr
+def test_remote_run_takes_the_same_inputs_and_writes_the_same_jsonl(daemon, art_a, tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.png").write_bytes(_png(8))
+    (d / "b.png").write_bytes(_png(9))
+    pages = [Image.fromarray(make_image(20 + i, (200 + 20 * i, 300))) for i in range(2)]
+    pages[0].save(tmp_path / "doc.pdf", "PDF", save_all=True, append_images=pages[1:], resolution=72.0)
+    (tmp_path / "bad.png").write_bytes(b"nope")
+    inputs = [str(d), f"{d}/*.png", str(tmp_path / "doc.pdf"), str(tmp_path / "bad.png")]
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "edgeocr", "run", *inputs, "--max-new-tokens", "3", *map(str, args)],
+                              capture_output=True, text=True, timeout=300)
+
+    r = run("--remote", daemon.unix)                            # text: a `== file` header per page
+    assert r.returncode == 1 and "bad.png: not a recognized image format" in r.stderr, r.stderr
+    assert [ln[3:] for ln in r.stdout.splitlines() if ln.startswith("== ")] == \
+        [str(d / "a.png"), str(d / "b.png"), f"{tmp_path / 'doc.pdf'} page 1", f"{tmp_path / 'doc.pdf'} page 2"]
+    assert r.stderr.count("(remote)") == 4
+    local, remote = tmp_path / "local.jsonl", tmp_path / "remote.jsonl"
+    r = run("--model", art_a, "--threads", "1", "--out", local)
+    assert r.returncode == 1
+    r = run("--remote", daemon.unix, "--out", remote)
+    assert r.returncode == 1 and "5 pages in" in r.stderr and f"-> {remote}" in r.stderr
+
+    def by_page(path):
+        return {(o["file"], o["page"]): o for o in map(json.loads, path.read_text().splitlines())}
+
+    a, b = by_page(local), by_page(remote)
+    assert a.keys() == b.keys() and len(a) == 5
+    for k in a:
+        assert a[k].keys() == b[k].keys(), k
+        assert a[k].get("text") == b[k].get("text") and a[k].get("image_size") == b[k].get("image_size"), k
+        assert a[k].get("error", {}).get("type") == b[k].get("error", {}).get("type"), k
+    # --resume: the error line is dropped and its page retried, now readable
+    (tmp_path / "bad.png").write_bytes(_png(10))
+    r = run("--remote", daemon.unix, "--out", remote, "--resume")
+    assert r.returncode == 0 and "4 pages already done, 1 to go (1 error line(s) removed; 1 of those pages run again)" \
+        in r.stderr
+    assert not any("error" in o for o in by_page(remote).values())
+    # TCP with the key; stdout JSON has the --out keys
+    r = run("--remote", daemon.tcp, "--api-key-file", daemon.tmp / "key", "--format", "json")
+    objs, b = [json.loads(ln) for ln in r.stdout.splitlines()], by_page(remote)
+    assert r.returncode == 0 and len(objs) == 5 and all(o.keys() == b[(o["file"], o["page"])].keys() for o in objs)
+    r = subprocess.run([sys.executable, "-m", "edgeocr", "run", str(d / "a.png"), "--remote", daemon.tcp],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "missing or wrong API key" in r.stderr
     r = subprocess.run([sys.executable, "-m", "edgeocr", "doctor", "--remote", daemon.unix], capture_output=True,
                        text=True, timeout=120)
     assert "onnxruntime" in r.stdout and "HTTP 200 (ready)" in r.stdout
 
 
+HOSTILE_HOSTS = ["::1", "::1:8090", "[::1", "[::1]x", "[::1]:80:80", "[::1]:", "[::1]]", "[[::1]]", "localhost:",
+                 "localhost:abc", "localhost:+80", "localhost:-1", "localhost:٨٠", "localhost:99999",
+                 "localhost:000080", "localhost:0x50", "localhost:80 ", " localhost", "localhost\t", "user@localhost",
+                 "localhost@evil.com", "evil.com#localhost", "localhost/x", "localhost?x", "localhost\\x", "127.1",
+                 "127.0.0.01", "0x7f.0.0.1", "[fe80::1%25lo]", "[fe80::1%lo]", "[v1.x]", "", "local_host",
+                 "-localhost", "localhost.", "localhost%00", "loc alhost", "localhost:8090:8090", "lоcalhost"]
+
+
+def test_host_header_is_parsed_strictly(daemon):
+    from edgeocr.serve.parsing import parse_host
+    assert parse_host("LocalHost:8090") == ("localhost", 8090)
+    assert parse_host("127.0.0.1") == ("127.0.0.1", None)
+    assert parse_host("[0:0:0:0:0:0:0:1]:65535") == ("[::1]", 65535)
+    assert parse_host("example.com:1") == ("example.com", 1)
+    for value in HOSTILE_HOSTS:
+        with pytest.raises(ValueError):
+            parse_host(value)
+    # through the daemon's TCP guard: allowed hosts with a numeric port pass, hostile variants are refused
+    for value in ("localhost:1", "[::1]:8090", "127.0.0.1", "LOCALHOST"):
+        code, raw = client_request(daemon.tcp, "GET", "/v1/models", headers=_auth({"Host": value}))
+        assert code == 200, (value, raw)
+    for value in ("localhost:abc", "[::1]x", "localhost:", "127.0.0.1:99999", "localhost@evil.com",
+                  "127.0.0.1.evil.com", "::1", "localhost:80:80"):
+        code, raw = client_request(daemon.tcp, "GET", "/v1/models", headers=_auth({"Host": value}))
+        assert code == 403 and error_of(raw)["type"] == "forbidden_host", (value, raw)
+
+
 def test_page_works_in_headless_chromium(art_a, tmp_path):
     assert shutil.which("chromium"), "needs Debian's chromium: scripts/setup.sh installs it (as root)"
-    d = Daemon(art_a, tmp_path, "--api-key-file", "")
+    d = Daemon(art_a, tmp_path, "--api-key-file", "", "--tcp-without-key", "true")
     try:
         d.wait_ready()
+        assert "TCP WITHOUT AUTHENTICATION" in d.logtext()
         profile = tmp_path / "chrome"
         cmd = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -447,9 +533,14 @@ def test_config_refuses_bad_settings(tmp_path):
     for argv, msg in [(["a", "--queue-size", "0"], "queue_size"), (["a", "--body-timeout-s", "0"], "body_timeout_s"),
                       (["a", "--header-timeout-s", "nan"], "bad value"), (["a", "--device", "tpu"], "device"),
                       (["a", "--log-level", "loud"], "log_level"), (["a", "--max-connections", "-1"], "max_connections"),
-                      (["a", "--default-max-new-tokens", "99", "--max-new-tokens", "10"], "default_max_new_tokens")]:
+                      (["a", "--default-max-new-tokens", "99", "--max-new-tokens", "10"], "default_max_new_tokens"),
+                      (["a", "--tcp", "127.0.0.1:8090"], "TCP needs a Bearer key file .* tcp_without_key = true"),
+                      (["a", "--allowed-hosts", "localhost,evil.com:80"], "without a port"),
+                      (["a", "--allowed-hosts", "local host"], "allowed_hosts entry")]:
         with pytest.raises(ConfigError, match=msg):
             resolve(ap.parse_args(argv), {})
+    cfg = resolve(ap.parse_args(["a", "--tcp", "127.0.0.1:8090"]), {"EDGEOCR_TCP_WITHOUT_KEY": "true"})
+    assert cfg.tcp_without_key and not cfg.api_key_file
     cfg = resolve(ap.parse_args(["a"]), {"EDGEOCR_HEADER_TIMEOUT_S": "3.5", "EDGEOCR_BACKLOG": "64"})
     assert (cfg.header_timeout_s, cfg.backlog) == (3.5, 64)
     from edgeocr.errors import EdgeOCRError

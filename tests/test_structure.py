@@ -195,4 +195,34 @@ def test_finish_reason_is_one_enum_that_reads_as_its_value(art_a):
     assert r.finish_reason is FinishReason.LENGTH
     assert r.finish_reason == "length" and r.finish_reason in {"length"} and f"{r.finish_reason}" == "length"
     assert json.loads(json.dumps(r.to_dict()))["finish_reason"] == "length"
-    assert [str(f) for f in FinishReason] == ["stop", "length", "cache_full", "repetition", "cancelled"]
+    assert [str(f) for f in FinishReason] == ["stop", "length", "cache_full", "repetition", "cancelled", "blank"]
+
+
+def test_daemon_limit_reaches_the_preparer_and_blank_pages_finish_at_admission(art_a):
+    """The daemon's max_pixels is the preparer's (checked on the worker, from the header); a page with no ink is
+    marked blank by the preparer and finished by the scheduler at admission: FinishReason.BLANK, no token, the
+    vision graph never run."""
+    import io
+
+    from edgeocr import FinishReason
+    from edgeocr.errors import ImageTooLarge
+    from edgeocr.serve.config import ServerConfig
+    from edgeocr.serve.engine import open_model
+    from edgeocr.slots import drive
+
+    model, _ = open_model(ServerConfig(artifact=str(art_a), threads=1, max_pixels=50_000))
+    assert model.preparer.max_pixels == 50_000
+    png = io.BytesIO()
+    Image.fromarray(make_image(1, (300, 400))).save(png, "PNG")            # 120,000 pixels
+    with pytest.raises(ImageTooLarge, match="exceeds the pixel limit of 50,000"):
+        model.workers.submit(model.page, png.getvalue()).result()
+    blank = model.page(np.full((200, 200, 3), 240, np.uint8), task="spotting")
+    assert blank.prep.blank and not model.page(make_image(1, (200, 200))).prep.blank
+    sched, encoded = model.scheduler(), []
+    inner = sched.session.encode_image
+    sched.session.encode_image = lambda pixels: (encoded.append(1), inner(pixels))[1]
+    events = [ev for step in drive(sched, [("blank", blank)]) for ev in step]
+    assert [(ev.tag, ev.token_id) for ev in events] == [("blank", None)] and not encoded and sched.idle()
+    r = events[0].result
+    assert r.finish_reason is FinishReason.BLANK and (r.text, r.token_ids, r.prompt_tokens) == ("", [], 0)
+    assert r.image_size == (200, 200) and r.to_dict()["finish_reason"] == "blank"

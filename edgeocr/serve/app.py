@@ -210,10 +210,15 @@ class App:
         """TCP only (the Unix socket is guarded by its file permissions): Host, Origin, then the API key."""
         if not rx.is_tcp:
             return
-        host = rx.headers.get("host", "").strip().lower()
-        name = host.split("]")[0] + "]" if host.startswith("[") else host.rsplit(":", 1)[0]
+        raw = rx.headers.get("host", "")
+        try:
+            name, _ = parsing.parse_host(raw)
+        except ValueError as e:
+            raise HTTPError(403, "forbidden_host", f"Host header {_clean(raw, 100)!r} is not a host with an "
+                                                   f"optional port ({e})") from None
         if name not in self.d.allowed_hosts:
-            raise HTTPError(403, "forbidden_host", f"Host header {_clean(host, 100)!r} is not allowed")
+            raise HTTPError(403, "forbidden_host", f"Host header {_clean(raw, 100)!r} is not allowed")
+        host = raw.lower()
         origin = rx.headers.get("origin")
         if origin is not None and origin.lower() not in (f"http://{host}", f"https://{host}"):
             raise HTTPError(403, "forbidden_origin", f"cross-origin request from {_clean(origin, 100)!r} refused")

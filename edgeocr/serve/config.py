@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from edgeocr.errors import EdgeOCRError
+from edgeocr.preprocess import DEFAULT_MAX_PIXELS
 
 
 class ConfigError(EdgeOCRError, ValueError):
@@ -22,12 +23,13 @@ class ServerConfig:
     socket_mode: int = 0o660                         # permissions of the Unix socket
     tcp: str = ""                                    # loopback "HOST:PORT"[,...] ("" disables TCP); [::1]:PORT for IPv6
     api_key_file: str = ""                           # file holding the Bearer key required on TCP
+    tcp_without_key: bool = False                    # allow TCP without api_key_file: no authentication at all
     allowed_hosts: str = "localhost,127.0.0.1,[::1],::1"  # Host header values accepted on TCP
     device: str = "cpu"                              # cpu | cuda
     threads: int = 0                                 # CPU threads for ONNX Runtime (0 = all cores)
     queue_size: int = 8                              # requests waiting beyond the running ones; full -> 503
     max_body_bytes: int = 20 * 1024 * 1024           # request body limit, bytes, counted as the body arrives
-    max_pixels: int = 40_000_000                     # image size limit, read from the header before decoding
+    max_pixels: int = DEFAULT_MAX_PIXELS             # image pixel limit, read from the header before decoding
     max_new_tokens: int = 4096                       # cap on a request's max_new_tokens
     default_max_new_tokens: int = 1024               # when a request gives none
     deadline_s: float = 120.0                        # per-request deadline, queueing included, seconds
@@ -48,7 +50,9 @@ HELP = {
     "artifact": "artifact directory to serve", "socket": "Unix socket path ('' disables it)",
     "socket_mode": "Unix socket permissions, octal",
     "tcp": "also listen on HOST:PORT, loopback only; several separated by commas; [::1]:PORT for IPv6",
-    "api_key_file": "file with the Bearer API key required on TCP", "allowed_hosts": "comma-separated Host headers accepted on TCP",
+    "api_key_file": "file with the Bearer API key; required with tcp unless tcp_without_key",
+    "tcp_without_key": "listen on TCP without an API key: no authentication (true/false; logged as a warning)",
+    "allowed_hosts": "comma-separated Host headers accepted on TCP",
     "device": "cpu or cuda", "threads": "CPU threads (0 = all)", "queue_size": "waiting requests before 503",
     "max_body_bytes": "request body limit, bytes (no header can raise it)",
     "max_pixels": "image pixel limit (read from the image header, before decoding)",
@@ -152,6 +156,14 @@ def validate(cfg: ServerConfig) -> None:
         raise ConfigError("no artifact: pass ARTIFACT, set EDGEOCR_ARTIFACT, or 'artifact = ...' in the config file")
     if not cfg.socket and not cfg.tcp:
         raise ConfigError("neither a Unix socket nor TCP is configured")
+    if cfg.tcp and not cfg.api_key_file and not cfg.tcp_without_key:
+        raise ConfigError(f"tcp {cfg.tcp} without api_key_file: TCP needs a Bearer key file (api_key_file); "
+                          f"set tcp_without_key = true to listen with no authentication")
+    from edgeocr.serve.parsing import allowed_host_names
+    try:
+        allowed_host_names(cfg.allowed_hosts)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     positive_ints = ("queue_size", "max_new_tokens", "default_max_new_tokens", "max_body_bytes", "max_pixels",
                      "max_connections", "backlog")
     for name in positive_ints:

@@ -48,7 +48,8 @@ class Daemon:
         self.cfg = cfg
         self.notifier = notifier or Notifier()
         self.api_key = _read_key(cfg.api_key_file) if cfg.api_key_file else None
-        self.allowed_hosts = {h.strip().lower() for h in cfg.allowed_hosts.split(",") if h.strip()}
+        from edgeocr.serve.parsing import allowed_host_names
+        self.allowed_hosts = allowed_host_names(cfg.allowed_hosts)
         self.admission = Admission(cfg.queue_size)
         self.metrics = Metrics(ENDPOINTS, self.admission.depth, lambda: len(self.worker.running))
         self.worker = EngineWorker(cfg, self.admission, self.notifier, self.metrics)
@@ -190,7 +191,12 @@ class Daemon:
             sock, self.unix_inode = bind_unix(cfg.socket, cfg.socket_mode, self.backlog)
             self.listeners.append(sock)
             log.info("listening on unix:%s (backlog %d)", cfg.socket, self.backlog)
-        for family, host, port in parse_tcp(cfg.tcp):
+        tcp = parse_tcp(cfg.tcp)
+        if tcp and self.api_key is None:
+            log.warning("!!! TCP WITHOUT AUTHENTICATION (tcp_without_key = true): any local user or process, and any "
+                        "web page a local browser opens that passes the Host/Origin checks, can use this daemon; "
+                        "give api_key_file to require a key !!!")
+        for family, host, port in tcp:
             try:
                 sock = bind_tcp(family, host, port, self.backlog)
             except OSError as e:

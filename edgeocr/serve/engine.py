@@ -32,7 +32,7 @@ def open_model(cfg):
     """Load the artifact; returns the loaded model (edgeocr.model.OCRModel) and what /v1/info reports about it."""
     from edgeocr.model import OCRModel
 
-    model = OCRModel(cfg.artifact, device=cfg.device, threads=cfg.threads or None)
+    model = OCRModel(cfg.artifact, device=cfg.device, threads=cfg.threads or None, max_pixels=cfg.max_pixels)
     m = model.artifact
     info = {"version": __version__, "backend": model.session.name, "precision": m.precision,
             "device": cfg.device, "artifact": str(cfg.artifact),
@@ -253,7 +253,7 @@ class EngineWorker(threading.Thread):
             job = ev.tag
             if job not in self.running:          # finished or cancelled already: nothing more to send
                 continue
-            if job.stream and not job.gone:
+            if job.stream and not job.gone and ev.token_id is not None:     # None: a blank page's result alone
                 job.post(TOKEN, ev.token_id, ev.text_delta)
             if ev.result is not None:
                 self._finish(job, ev.result)

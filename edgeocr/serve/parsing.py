@@ -7,11 +7,14 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import ipaddress
 import json
+import re
 from dataclasses import dataclass
 from email.message import Message
 
 from edgeocr import preprocess, prompts
+from edgeocr.errors import ImageError, ImageTooLarge
 from edgeocr.serve.errors import HTTPError, bad_request
 
 OCR_FIELDS = frozenset({"image", "task", "prompt", "lang", "max_new_tokens", "stream"})
@@ -23,7 +26,7 @@ MAX_TEXT_FIELD_BYTES = 64 * 1024      # a multipart text field (prompt, task...)
 
 @dataclass(frozen=True)
 class OCRParams:
-    image: bytes                       # encoded image (PNG, JPEG, ...), header checked, not decoded
+    image: preprocess.ImageBytes       # encoded image (PNG, JPEG, ...) and the pixel limit; header checked
     task: str | None                   # official task key, or None with a custom prompt
     prompt: str | None                 # custom instruction
     lang: str                          # zh | en
@@ -96,26 +99,16 @@ def image_field(s, name: str = "image") -> bytes:
 
 
 def probe_image(data: bytes, max_pixels: int) -> tuple[int, int]:
-    """Read the image header only (Pillow opens lazily): format, size, pixel limit, aspect ratio."""
-    from PIL import Image, UnidentifiedImageError
-
+    """Read the image header only: format, size against `max_pixels`, minimum page edge, aspect ratio
+    (edgeocr.preprocess.open_image: the same checks and messages as a local run)."""
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            w, h = img.size
-    except UnidentifiedImageError:
-        raise HTTPError(400, "invalid_image", "image: not a recognized image format") from None
-    except Image.DecompressionBombError as e:
-        raise HTTPError(413, "invalid_image", f"image: refused as a decompression bomb ({e})") from None
+        return preprocess.open_image(data, "image", max_pixels).size
+    except ImageTooLarge as e:
+        raise HTTPError(413, "invalid_image", str(e)) from None
+    except ImageError as e:
+        raise HTTPError(400, "invalid_image", str(e)) from None
     except (OSError, ValueError, SyntaxError, EOFError) as e:
         raise HTTPError(400, "invalid_image", f"image: unreadable header ({_short(str(e))})") from None
-    if w * h > max_pixels:
-        raise HTTPError(413, "invalid_image", f"image: {w}x{h} = {w * h} pixels exceeds the limit of {max_pixels}")
-    if w < preprocess.MIN_EDGE or h < preprocess.MIN_EDGE:
-        raise HTTPError(400, "invalid_image", f"image: empty image ({w}x{h})")
-    if max(w / h, h / w) > preprocess.MAX_ASPECT:
-        raise HTTPError(400, "invalid_image", f"image: aspect ratio {max(w / h, h / w):.0f}:1 ({w}x{h}) exceeds "
-                                              f"{preprocess.MAX_ASPECT:.0f}:1")
-    return w, h
 
 
 # ---------------------------------------------------------------------- /v1/ocr
@@ -139,7 +132,7 @@ def ocr_params(image: bytes, task, prompt, lang, max_new, stream, cfg) -> OCRPar
     if max_new > cfg.max_new_tokens:
         raise bad_request(f"'max_new_tokens' {max_new} exceeds the cap {cfg.max_new_tokens}")
     size = probe_image(image, cfg.max_pixels)
-    return OCRParams(image, task, prompt, lang, max_new, boolean(stream, "stream"), size)
+    return OCRParams(preprocess.ImageBytes(image, cfg.max_pixels), task, prompt, lang, max_new, boolean(stream, "stream"), size)
 
 
 def ocr_from_json(body: bytes, cfg) -> OCRParams:
@@ -302,6 +295,65 @@ def chat_params(body: bytes, cfg) -> OCRParams:
     p = ocr_params(image, None if prompt else prompts.DEFAULT_TASK, prompt, "zh", mx, stream, cfg)
     return OCRParams(p.image, p.task, p.prompt, p.lang, p.max_new_tokens, p.stream, p.image_size,
                      chat_model=model[:200], include_usage=include_usage)
+
+
+# ---------------------------------------------------------------------- Host header
+_REG_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def parse_host(value: str) -> tuple[str, int | None]:
+    """A Host header -> (host, port or None), strictly (RFC 3986 `host [":" port]`): an IPv6 address only in
+    brackets (returned as "[compressed form]", no zone id), an IPv4 address in dotted-quad form, or a DNS
+    name of letters, digits, hyphens and dots whose last label does not start with a digit (lowercased); the port, when given, 1 to 5 ASCII digits up to
+    65535.  Raises ValueError for anything else (whitespace, userinfo, paths, several colons, empty parts)."""
+    if value.startswith("["):
+        close = value.find("]")
+        if close < 0:
+            raise ValueError("unclosed '['")
+        try:
+            if "%" in value[1:close]:
+                raise ValueError("zone id")
+            ip = ipaddress.IPv6Address(value[1:close])
+        except ValueError:
+            raise ValueError("not an IPv6 address in brackets") from None
+        host, rest = f"[{ip.compressed}]", value[close + 1:]
+    else:
+        host, colon, port = value.partition(":")
+        rest = colon + port
+        host = host.lower()
+        if not host.isascii() or not _REG_NAME.fullmatch(host):
+            raise ValueError("not a host name or IPv4 address")
+        if host.rsplit(".", 1)[-1][0].isdigit():      # a numeric last label: an IPv4 address or nothing
+            try:                                      # (no 127.1, 0x7f.0.0.1, 127.0.0.01 forms)
+                if str(ipaddress.IPv4Address(host)) != host:
+                    raise ValueError
+            except ValueError:
+                raise ValueError("not a dotted-quad IPv4 address") from None
+    if not rest:
+        return host, None
+    if rest[0] != ":" or not _PORT.fullmatch(rest[1:]) or int(rest[1:]) > 65535:
+        raise ValueError("port must be 1 to 5 digits up to 65535")
+    return host, int(rest[1:])
+
+
+def allowed_host_names(spec: str) -> frozenset[str]:
+    """The allowed_hosts setting (comma-separated) as the host names parse_host returns; a bare IPv6
+    address is taken as its bracketed form."""
+    out = set()
+    for item in (x.strip() for x in spec.split(",")):
+        if not item:
+            continue
+        if item.count(":") > 1 and not item.startswith("["):
+            item = f"[{item}]"
+        try:
+            host, port = parse_host(item)
+        except ValueError as e:
+            raise ValueError(f"allowed_hosts entry {item!r}: {e}") from None
+        if port is not None:
+            raise ValueError(f"allowed_hosts entry {item!r}: give host names without a port")
+        out.add(host)
+    return frozenset(out)
 
 
 # ---------------------------------------------------------------------- helpers

@@ -36,6 +36,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-seed", type=int, default=d.data_seed)
     ap.add_argument("--reading-frac", type=float, default=d.reading_frac,
                     help="share of random-line reading pages among the generated pages")
+    ap.add_argument("--reading-level", default=None, metavar="LO[:HI]",
+                    help="reading pages' difficulty, 0 (a few short lines in large type) to 1 (dense pages, the "
+                    "default); LO:HI draws each page's level uniformly")
+    ap.add_argument("--qk-gain", type=float, default=d.qk_gain,
+                    help="multiply the decoder's query/key norm weights by this at the start (sharper attention)")
+    ap.add_argument("--qk-gain-lr", type=float, default=d.qk_gain_lr,
+                    help="learning-rate multiplier of the decoder's query/key norm weights")
+    ap.add_argument("--pool-cache", type=Path, help="page pool cache folder (default OUT/pool)")
     ap.add_argument("--shifts", type=int, default=d.shifts, help="shifted placements per page")
     ap.add_argument("--augment", type=float, default=d.augment,
                     help="probability of each photometric augmentation per page view (0 = off)")
@@ -52,6 +60,19 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _levels(text: str | None) -> tuple[float, float]:
+    if text is None:
+        return TrainConfig.reading_levels
+    try:
+        parts = [float(v) for v in text.split(":")]
+    except ValueError:
+        raise SystemExit(f"--reading-level {text!r}: expected LO or LO:HI, numbers in 0..1") from None
+    lo, hi = parts[0], parts[-1]
+    if len(parts) > 2 or not 0 <= lo <= hi <= 1:
+        raise SystemExit(f"--reading-level {text!r}: expected LO or LO:HI with 0 <= LO <= HI <= 1")
+    return lo, hi
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S",
@@ -63,7 +84,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     cfg = TrainConfig(steps=args.steps or TrainConfig.steps, batch=args.batch, lr=args.lr, warmup=args.warmup,
                       seed=args.seed, pool_pages=args.pool_pages, data_seed=args.data_seed,
-                      reading_frac=args.reading_frac, shifts=args.shifts, augment=args.augment,
+                      reading_frac=args.reading_frac, reading_levels=_levels(args.reading_level),
+                      qk_gain=args.qk_gain, qk_gain_lr=args.qk_gain_lr, shifts=args.shifts, augment=args.augment,
                       glyph_loss=args.glyph_loss, workers=args.workers or (os.cpu_count() or 1),
                       eval_every=args.eval_every, eval_images=args.eval_images, log_every=args.log_every)
     if args.tiny:
@@ -73,7 +95,7 @@ def main(argv=None) -> int:
     train(args.out, cfg, RunOptions(
         device=args.device, resume=args.resume, init=args.init, tokenizer=args.tokenizer,
         gpu_seconds=args.gpu_seconds, budget_s=args.budget_s, page_dirs=tuple(str(p) for p in args.pages),
-        compile=args.compile,
+        compile=args.compile, pool_cache=args.pool_cache,
         steps_given=args.steps is not None or (not args.gpu_seconds and not args.resume)))
     return 0
 

@@ -19,6 +19,8 @@ class TrainConfig:
     pool_pages: int = 8192            # generated pages rendered once per run (uint8 on the device, 3 MiB each)
     data_seed: int = 7000             # generator seed (calibration_data uses 1001, eval 2002)
     reading_frac: float = 0.2         # share of random-line reading pages among the generated pages
+    reading_levels: tuple = (1.0, 1.0)  # reading pages' difficulty drawn uniformly from [lo, hi] (0 = a few
+                                      # short lines in 36-96 px type, 1 = up to 600 characters at 12-44 px)
     degrade_prob: float = 0.5         # share of generated documents with the generator's scan/photo effects
     workers: int = 0                  # rendering processes (0 = every host core)
     shifts: int = 4                   # shifted variants per page (plus the unshifted one), targets pre-tokenized
@@ -28,6 +30,11 @@ class TrainConfig:
     glyph_chars: int = 2048           # characters per page kept for the glyph loss's targets
     # losses
     glyph_loss: float = 0.5           # weight of the encoder's per-cell character loss (0 = off); see glyph.py
+    # decoder attention sharpness: with QK-norm after RoPE an attention logit is at most
+    # head_dim * g_q * g_k * scaling = 8 g^2 at head_dim 64, too flat to pick one of 1,058 image tokens
+    qk_gain: float = 1.0              # multiply the decoder's query/key norm weights by this at the start
+                                      # of a run (fresh or --init; not on --resume)
+    qk_gain_lr: float = 1.0           # learning-rate multiplier of those norm weights
     # bookkeeping
     eval_every: int = 250             # steps between CER evaluations on calibration_data/eval (0 = never)
     eval_images: int = 4

@@ -39,6 +39,8 @@ class RunOptions:
     budget_s: float | None = None        # stop this invocation after this many seconds, state saved
     page_dirs: tuple[str, ...] = ()      # extra labelled page folders for the pool
     compile: bool = False                # torch.compile the forward
+    pool_cache: Path | None = None       # where the page pool is cached (default OUT/pool); runs of one
+                                         # recipe can share it
 
 
 class _Staging:
@@ -68,6 +70,23 @@ class _Staging:
         dev = slot[0].to(self.device, non_blocking=True)
         slot[1].record()
         return list(dev.unbind(0))
+
+
+def qk_norm_weights(model) -> list:
+    """The decoder's query/key RMSNorm weights (QK-norm after RoPE: they set how sharp attention can be)."""
+    return [p for layer in model.model.language_model.layers
+            for p in (layer.self_attn.query_layernorm.weight, layer.self_attn.key_layernorm.weight)]
+
+
+def attention_logit_cap(model) -> float:
+    """The largest attention logit the decoder's QK-norm allows: max over layers of
+    sum_d |g_q[d] g_k[d]| * scaling (unit-RMS query and key rows, perfectly aligned)."""
+    caps = []
+    for layer in model.model.language_model.layers:
+        att = layer.self_attn
+        g = (att.query_layernorm.weight * att.key_layernorm.weight).abs()
+        caps.append(float(g.max()) * att.head_dim * att.scaling)
+    return max(caps)
 
 
 def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
@@ -100,12 +119,14 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
     grid = 1024 // (vc.patch_size * vc.spatial_merge_size)
     glyph = GlyphHead(model.config.text_config.hidden_size, len(charset_index()), grid).to(device) \
         if cfg.glyph_loss > 0 else None
+    qk = qk_norm_weights(model)
     params = list(model.parameters()) + (list(glyph.parameters()) if glyph is not None else [])
     decay = [p for p in params if p.ndim >= 2]
-    other = [p for p in params if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98),
-                            fused=cuda)
+    other = [p for p in params if p.ndim < 2 and all(p is not q for q in qk)]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
+              {"params": other, "weight_decay": 0.0, "lr_scale": 1.0},
+              {"params": qk, "weight_decay": 0.0, "lr_scale": cfg.qk_gain_lr}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), fused=cuda)
     by_time = bool(opts.gpu_seconds) and not opts.steps_given
     gpu_seconds = opts.gpu_seconds
     step, total, trained_s = 0, (None if by_time else cfg.steps), 0.0
@@ -122,8 +143,16 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
                 by_time, gpu_seconds, total = True, st["gpu_seconds"], None
             else:
                 total = st.get("total_steps") or total
+        for g in opt.param_groups:             # a state saved before the QK-norm group existed has none
+            g.setdefault("lr_scale", 1.0)
         log.info("resumed at step %d%s", step,
                  f" of {total}" if total else f", {trained_s:.0f} of {gpu_seconds:.0f} s")
+    if not resumed and cfg.qk_gain != 1.0:
+        with torch.no_grad():
+            for w in qk:
+                w.mul_(cfg.qk_gain)
+        log.info("decoder query/key norm weights x %g (attention logits up to %.0f)", cfg.qk_gain,
+                 attention_logit_cap(model))
     (out / "train_config.json").write_text(json.dumps(cfg.to_json(), indent=2))
     log.info("model: %.2fM parameters; batch %d; device %s", sum(p.numel() for p in model.parameters()) / 1e6,
              cfg.batch, device)
@@ -132,8 +161,8 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
     spec = PoolSpec(generated=cfg.pool_pages, data_seed=cfg.data_seed, reading_frac=cfg.reading_frac,
                     degrade_prob=cfg.degrade_prob, dirs=tuple(str(d) for d in opts.page_dirs), shifts=cfg.shifts,
                     max_shift=cfg.max_shift, max_target_tokens=cfg.max_target_tokens, glyph_chars=cfg.glyph_chars,
-                    seed=cfg.seed)
-    pool = build_pool(spec, tok, ids["eos_token_id"], out / "pool", device, cfg.workers)
+                    seed=cfg.seed, reading_levels=tuple(cfg.reading_levels))
+    pool = build_pool(spec, tok, ids["eos_token_id"], opts.pool_cache or out / "pool", device, cfg.workers)
     pool_s = time.perf_counter() - t_pool
     fwd = BatchedHunYuanVL(model, image_start=0)
     pr = Prompts(tok, ids, fwd.geo.image_tokens, device)
@@ -196,7 +225,7 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
             t_step = time.perf_counter()
             lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * progress()))
             for g in opt.param_groups:
-                g["lr"] = lr
+                g["lr"] = lr * g["lr_scale"]
             batch = sampler(step, staging)
             gen.manual_seed(cfg.seed * 1_000_003 + step)
             pixels = augment.to_pixels(batch.canvases, batch.shifts, cfg.augment, gen)   # [B, 3, S, S] float32

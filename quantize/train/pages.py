@@ -79,11 +79,15 @@ def char_points(page: Page, limit: int) -> np.ndarray:
     return out
 
 
-def generated_page(index: int, seed: int, reading_frac: float, degrade_prob: float) -> Page:
+def generated_page(index: int, seed: int, reading_frac: float, degrade_prob: float,
+                   levels: tuple[float, float] = (1.0, 1.0)) -> Page:
     """Page `index` of the generator stream `seed`: a random-line reading page with probability
-    `reading_frac` (drawn on the canvas itself), else a business document from quantize/docgen, letterboxed."""
-    if reading_frac and np.random.default_rng([seed, index, 3]).random() < reading_frac:
-        canvas, rec = reading_page(index, seed)
+    `reading_frac` (drawn on the canvas itself, its level drawn uniformly from `levels`), else a business
+    document from quantize/docgen, letterboxed."""
+    rng = np.random.default_rng([seed, index, 3])
+    if reading_frac and rng.random() < reading_frac:
+        lo, hi = levels
+        canvas, rec = reading_page(index, seed, lo if hi <= lo else float(rng.uniform(lo, hi)))
         return Page(canvas, rec["text"], tuple((ln["text"], tuple(ln["box"])) for ln in rec["lines"]))
     from quantize.docgen import GenOptions, make_document
     img, rec = make_document(index, seed, GenOptions(degrade_prob=degrade_prob))

@@ -45,6 +45,7 @@ class PoolSpec:
     max_target_tokens: int      # longer targets are cut (no end token then)
     glyph_chars: int            # characters kept per page
     seed: int                   # shift draws
+    reading_levels: tuple = (1.0, 1.0)   # reading pages' difficulty range (pages.reading_page's level)
 
     def fingerprint(self, tokenizer_json: str) -> str:
         h = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode())
@@ -65,7 +66,7 @@ class PagePool:
 
 
 def _job(job):
-    """Worker: ("gen", index, seed, reading_frac, degrade_prob) or ("file", path, record) -> Page."""
+    """Worker: ("gen", index, seed, reading_frac, degrade_prob, levels) or ("file", path, record) -> Page."""
     if job[0] == "gen":
         return P.generated_page(*job[1:])
     return P.labelled_page(job[1], job[2])
@@ -103,7 +104,8 @@ def build_pool(spec: PoolSpec, tok, eos: int, cache: Path, device, workers: int 
             pool = _to_device(canv, meta, device)
             log.info("page pool: %d pages loaded from %s in %.0f s", len(pool), cache, time.perf_counter() - t)
             return pool
-    jobs = [("gen", i, spec.data_seed, spec.reading_frac, spec.degrade_prob) for i in range(spec.generated)]
+    jobs = [("gen", i, spec.data_seed, spec.reading_frac, spec.degrade_prob, tuple(spec.reading_levels))
+            for i in range(spec.generated)]
     for d in spec.dirs:
         jobs += [("file", path, rec) for path, rec in P.labelled_records(Path(d))]
     if not jobs:
