@@ -7,12 +7,12 @@
 Importing this package loads no heavy dependency; backends are imported when a model is opened.
 """
 
-from edgeocr.decode import DecodeOptions
+from edgeocr.decode import DecodeOptions, FinishReason
 from edgeocr.errors import ArtifactError, BackendError, EdgeOCRError, ImageError, PromptError
 
 __version__ = "0.1.0"
 
-__all__ = ["OCRModel", "OCRResult", "DecodeOptions", "EdgeOCRError", "ImageError", "ArtifactError",
+__all__ = ["OCRModel", "OCRResult", "DecodeOptions", "FinishReason", "EdgeOCRError", "ImageError", "ArtifactError",
            "PromptError", "BackendError", "__version__"]
 
 

@@ -6,8 +6,8 @@
         run_pages(model, [r for r in refs if r.key not in done], loader,
                   lambda o: out.write(o.record()), task="spotting")
 
-Pages are loaded here (a bad file becomes an error outcome, the rest go on) and fed lazily to
-`OCRModel.recognize_many`, which may finish them out of input order.  The JSONL file holds one line per
+Pages are read and prepared on the model's worker pool (a bad file becomes an error outcome, the rest go on)
+and fed lazily to `OCRModel.recognize_many`, which may finish them out of input order.  The JSONL file holds one line per
 page, each written whole and flushed as its page finishes; `--resume` skips pages that have a line
 without an error, retries the others, and drops an unterminated last line left by a hard kill.
 """
@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 from edgeocr.decode import DecodeOptions
 from edgeocr.errors import EdgeOCRError
@@ -60,45 +59,42 @@ class PageOutcome:
 
 
 # ---------------------------------------------------------------------------------------------- running
-def recognize_pages(model, images: Iterable[np.ndarray], task: str | None = None, prompt: str | None = None,
-                    lang: str = "zh", options: DecodeOptions = DecodeOptions()) -> Iterator[tuple[int, object]]:
-    """(index, OCRResult) per image as it finishes: the model's `recognize_many` (N pages at once on an
-    N-slot artifact, possibly out of order), or page by page through `recognize` for sessions without it."""
-    many = getattr(model, "recognize_many", None)
-    if many is not None:
-        return many(images, task=task, prompt=prompt, lang=lang, options=options)
-    return _one_by_one(model, images, task, prompt, lang, options)
-
-
-def _one_by_one(model, images, task, prompt, lang, options) -> Iterator[tuple[int, object]]:
-    for i, img in enumerate(images):
-        yield i, model.recognize(img, task=task, prompt=prompt, lang=lang, options=options)
-
-
 def run_pages(model, refs: Iterable[PageRef], loader: PageLoader, on_page: Callable[[PageOutcome], None],
               task: str | None = None, prompt: str | None = None, lang: str = "zh",
               options: DecodeOptions = DecodeOptions(), stop: threading.Event | None = None) -> None:
-    """Recognize `refs`, calling on_page once per page as it finishes or fails to load.  When `stop` is
-    set, no further page is fed; pages already handed to the model still finish.  on_page may be called
-    from the thread that pulls images for the model."""
+    """Recognize `refs` through `model.recognize_many`, calling on_page once per page as it finishes or fails
+    to load.  Each page is read and prepared on the model's worker pool (`model.workers`, ahead of need: an
+    image file goes to the preparer as a path, checked against the model's pixel limit, so the fast path
+    decodes a JPEG at reduced scale); a page that fails becomes an error outcome and the rest go on.  When
+    `stop` is set, no further page is fed; pages already handed to the model still finish.  on_page may be
+    called from the thread that pulls pages."""
     fed: dict[int, tuple[PageRef, float]] = {}        # index given to the model -> (page, load ms)
 
-    def feed() -> Iterator[np.ndarray]:
+    def load(ref: PageRef):
+        """(Prepared or None, load ms: reading + decoding or rasterizing, error or None), on the worker."""
+        t0 = time.perf_counter()
+        try:
+            source = loader.source(ref)                 # an image file's path, or a rendered PDF page
+            t1 = time.perf_counter()
+            prep = model.prepare(source)
+        except EdgeOCRError as e:
+            return None, (time.perf_counter() - t0) * 1e3, e
+        return prep, (t1 - t0) * 1e3 + prep.timings_ms.get("load", 0.0), None
+
+    def feed() -> Iterator:
         i = 0
-        for ref in refs:
+        for ref, fut in model.workers.ahead(refs, load, depth=model.slots):
             if stop is not None and stop.is_set():
                 return
-            t0 = time.perf_counter()
-            try:
-                img = loader.load(ref)                  # [H, W, 3] uint8
-            except EdgeOCRError as e:
-                on_page(PageOutcome(ref, error=e, load_ms=(time.perf_counter() - t0) * 1e3))
+            prep, ms, error = fut.result()
+            if error is not None:
+                on_page(PageOutcome(ref, error=error, load_ms=ms))
                 continue
-            fed[i] = (ref, (time.perf_counter() - t0) * 1e3)
+            fed[i] = (ref, ms)
             i += 1
-            yield img
+            yield prep
 
-    for i, result in recognize_pages(model, feed(), task=task, prompt=prompt, lang=lang, options=options):
+    for i, result in model.recognize_many(feed(), task=task, prompt=prompt, lang=lang, options=options):
         ref, load_ms = fed.pop(i)
         on_page(PageOutcome(ref, result=result, load_ms=load_ms))
 

@@ -253,40 +253,26 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
     """Continuous batching over the artifact's slots: every page generates exactly `tokens` tokens.
     Reports pages/s and tokens/s end to end (vision + prefill of each page included), and the decode step
     time with every slot busy."""
-    from edgeocr.batch import PageRequest, SlotScheduler
     from edgeocr.model import OCRModel
+    from edgeocr.slots import drive
 
     preprocess = preprocess or default_preprocess(device)
     model = OCRModel(artifact, device=device, threads=threads, cuda_graph=cuda_graph, preprocess=preprocess)
     opts = DecodeOptions(max_new_tokens=tokens, ignore_stop=True, tail_repetition_stop=False)
     model.recognize(images[0], task=task, options=DecodeOptions(max_new_tokens=4, ignore_stop=True))   # warm-up
-    sched = SlotScheduler(model)
+    sched = _Timed(model.scheduler())
     cuda = None
     if device == "cuda":
         from edgeocr.backends import cudart
         cuda = cudart.load()
-    full_steps, steps, admit_ms, done, peak_dev = [], [], [], 0, None
+    done, peak_dev = 0, None
     t0 = time.perf_counter()
-    source = enumerate(model.prefetch(images, depth=model.slots))     # host preparation overlaps decoding
-    pending = next(source, None)
-    while pending is not None or not sched.idle():
-        while pending is not None and sched.free():
-            ta = time.perf_counter()
-            i, prepared = pending
-            sched.admit(PageRequest(prepared, task=task, options=opts), i)
-            admit_ms.append((time.perf_counter() - ta) * 1e3)
-            pending = next(source, None)
-        busy = sched.live()
-        ts = time.perf_counter()
-        events = sched.step()
-        dt = (time.perf_counter() - ts) * 1e3
-        steps.append(dt)
-        if busy == sched.slots:
-            full_steps.append(dt)
+    for events in drive(sched, model.pages(images, task=task, options=opts)):   # preparation overlaps decoding
         done += sum(ev.result is not None for ev in events)
-        if cuda is not None and len(steps) % 64 == 1:
+        if cuda is not None and len(sched.steps) % 64 == 1:
             free, total = cuda.mem_info()
             peak_dev = max(peak_dev or 0.0, (total - free) / 2**20)
+    full_steps, steps, admit_ms = sched.full_steps, sched.steps, sched.admit_ms
     wall = time.perf_counter() - t0
     m = model.artifact
     return {"backend": model.session.name, "precision": m.precision, "slots": m.slots,
@@ -298,6 +284,32 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
             "step_ms_mean": statistics.mean(steps), "admit_ms_mean": statistics.mean(admit_ms),
             "kv_cache_mib": m.kv.bytes / 2**20, "kv_mib_per_slot": m.kv.bytes / m.slots / 2**20,
             "peak_device_mib": peak_dev}
+
+
+class _Timed:
+    """A SlotScheduler whose admissions and steps are timed (ms), for bench_pages."""
+
+    def __init__(self, sched):
+        self.sched, self.slots = sched, sched.slots
+        self.free, self.idle, self.live, self.cancel = sched.free, sched.idle, sched.live, sched.cancel
+        self.admit_ms: list[float] = []
+        self.steps: list[float] = []
+        self.full_steps: list[float] = []           # steps with every slot busy
+
+    def admit(self, page, tag) -> None:
+        t0 = time.perf_counter()
+        self.sched.admit(page, tag)
+        self.admit_ms.append((time.perf_counter() - t0) * 1e3)
+
+    def step(self):
+        busy = self.sched.live()
+        t0 = time.perf_counter()
+        events = self.sched.step()
+        dt = (time.perf_counter() - t0) * 1e3
+        self.steps.append(dt)
+        if busy == self.slots:
+            self.full_steps.append(dt)
+        return events
 
 
 def bench_transformers_pages(checkpoint: str | Path, images: list, tokens: int, batch: int, task: str = "spotting",

@@ -31,14 +31,14 @@ import numpy as np
 
 from edgeocr import metrics, preprocess, prompts
 from edgeocr.dataset import Sample, load_dir
-from edgeocr.decode import DecodeOptions
+from edgeocr.decode import DecodeOptions, FinishReason
 from edgeocr.errors import EdgeOCRError, ImageError
 
 log = logging.getLogger("edgeocr.check")
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_GATE = 0, 1, 2, 3
 FIELDS_TASK = "fields"
-TRUNCATED = ("length", "cache_full")
+TRUNCATED = (FinishReason.LENGTH, FinishReason.CACHE_FULL)
 
 
 class Runner:
@@ -78,7 +78,7 @@ def _hyp_text(result, task: str) -> str:
 def _side(result, task, ref, fields, gold_boxes=None) -> dict:
     hyp = _hyp_text(result, task)
     d = {"text": result.text, "tokens": len(result.token_ids), "finish_reason": result.finish_reason,
-         "repetition": result.finish_reason == "repetition",
+         "repetition": result.finish_reason == FinishReason.REPETITION,
          "truncated": result.finish_reason in TRUNCATED,
          "timings_ms": {k: round(v, 2) for k, v in result.timings_ms.items()}}
     if ref is not None:

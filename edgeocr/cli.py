@@ -110,7 +110,7 @@ def _run_pages(args, todo, loader, multi: bool) -> int:
     else:
         from edgeocr.model import OCRModel
         model = OCRModel(args.model, device=args.device, threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph],
-                         preprocess=args.preprocess)
+                         preprocess=args.preprocess, max_pixels=loader.max_pixels)
     opts = DecodeOptions(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
     out = batchrun.JsonlWriter(args.out) if args.out else None
     sized = show_bar and _terminal_sized()          # else tqdm would draw nothing on a 0x0 terminal
@@ -154,8 +154,10 @@ def _run_pages(args, todo, loader, multi: bool) -> int:
         bar.close()
         if out is not None:
             out.close()
-        if main_thread:
+        if main_thread and not interrupt.stop.is_set():
             signal.signal(signal.SIGINT, previous)
+        # interrupted: the command exits with 130 next; SIGINT stays ignored so that another Ctrl-C arriving
+        # while the interpreter shuts down (joining the prepare worker) prints no traceback
     done = counts["ok"] + counts["failed"]
     secs = time.perf_counter() - t0
     if out is not None or multi:
@@ -189,12 +191,12 @@ def _stream_pages(model, todo, loader, on_page, args, opts, stop) -> None:
             return
         t0 = time.perf_counter()
         try:
-            img = loader.load(ref)
+            prep = model.workers.submit(lambda r: model.prepare(loader.source(r)), ref).result()
         except EdgeOCRError as e:
             on_page(batchrun.PageOutcome(ref, error=e))
             continue
-        load_ms = (time.perf_counter() - t0) * 1e3
-        res = model.recognize(img, task=args.task, prompt=args.prompt, lang=args.lang, options=opts,
+        load_ms = (time.perf_counter() - t0) * 1e3 - prep.timings_ms.get("preprocess", 0.0)
+        res = model.recognize(prep, task=args.task, prompt=args.prompt, lang=args.lang, options=opts,
                               on_token=lambda _t, d: (sys.stdout.write(d), sys.stdout.flush()))
         sys.stdout.write("\n")
         on_page(batchrun.PageOutcome(ref, result=res, load_ms=load_ms))

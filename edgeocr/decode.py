@@ -3,7 +3,7 @@
 The contract: greedy argmax after an HF-style repetition penalty over every unique id in prompt + output
 (image slots included), stop on the checkpoint's stop ids, stop on tail repetition, cap at max_new_tokens.
 
-Named steps, each over every slot of the session at once (edgeocr.batch runs the loop):
+Named steps, each over every slot of the session at once (edgeocr.slots runs the loop):
   prefill           one sequence's prompt into its slot -> its first token
   decode_one_token  one step of every slot -> each slot's next token, selected on the host
                     (`select_on_host`: penalty + argmax over the logits) or in the graph (`DeviceSelectSession`)
@@ -15,18 +15,28 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
 from edgeocr.backends.base import Session
 from edgeocr.errors import PromptError
 
-FINISH_STOP = "stop"                # a stop id was produced
-FINISH_LENGTH = "length"            # max_new_tokens reached
-FINISH_CACHE = "cache_full"         # the static KV cache is full
-FINISH_REPETITION = "repetition"    # the output tail repeats (spec §7.3)
-FINISH_CANCELLED = "cancelled"      # the caller's stop_check said stop (deadline, shutdown)
-FINISH_BLANK = "blank"              # the page has no ink: nothing was generated, the model was not run
+
+class FinishReason(str, Enum):
+    """Why a page's generation ended.  A str: compares equal to, and serializes as, its value."""
+
+    STOP = "stop"                   # a stop id was produced
+    LENGTH = "length"               # max_new_tokens reached
+    CACHE_FULL = "cache_full"       # the static KV cache is full
+    REPETITION = "repetition"       # the output tail repeats (spec §7.3)
+    CANCELLED = "cancelled"         # the caller stopped it (stop_check, client gone, deadline, shutdown)
+    BLANK = "blank"                 # the page has no ink: nothing was generated, the model was not run
+
+    def __str__(self) -> str:
+        return self.value
+
+    __hash__ = str.__hash__            # equal to its value, so hashed like it (sets, dict keys)
 
 
 @dataclass(frozen=True)
@@ -57,7 +67,7 @@ class Sequence:
     stop_ids: frozenset[int]                             # empty with options.ignore_stop
     penalty: float                                       # repetition penalty in force
     tokens: list[int] = field(default_factory=list)      # generated ids, stop id included
-    finish_reason: str = ""
+    finish_reason: FinishReason | None = None            # None while it goes on
     penalize: "RepetitionPenalty | None" = None          # host selection only
     next_check: int = 0                                  # text length of the next tail-repetition check
     prefill_ms: float = 0.0
@@ -144,19 +154,20 @@ def decode_one_token(session: Session, seqs: list[Sequence | None], tokens: np.n
     return out
 
 
-def finish_reason(seq: Sequence, tok: int, cache_len: int, text_of: Callable[[list[int]], str] | None) -> str:
-    """Why `seq` ends with `tok` (already appended to seq.tokens), or "" to go on."""
+def finish_reason(seq: Sequence, tok: int, cache_len: int,
+                  text_of: Callable[[list[int]], str] | None) -> FinishReason | None:
+    """Why `seq` ends with `tok` (already appended to seq.tokens), or None to go on."""
     n = len(seq.tokens)
     if tok in seq.stop_ids:
-        return FINISH_STOP
+        return FinishReason.STOP
     if n == seq.options.max_new_tokens:
-        return FINISH_LENGTH
+        return FinishReason.LENGTH
     if seq.next_pos >= cache_len:                 # no row left for this token
-        return FINISH_CACHE
+        return FinishReason.CACHE_FULL
     if seq.options.tail_repetition_stop and text_of is not None and n * 4 >= seq.next_check:
         text = text_of(seq.tokens)
         if len(text) >= seq.next_check:
             seq.next_check = len(text) + seq.options.tail_check_every
             if tail_repeats(text, seq.options.tail_window, seq.options.tail_min_repeats):
-                return FINISH_REPETITION
-    return ""
+                return FinishReason.REPETITION
+    return None

@@ -1,60 +1,33 @@
 """OCRModel: image + instruction in, text (and boxes) out, over an edgeocr artifact.
 
-One page (`recognize`, `stream`) or many (`recognize_many`: continuous batching over the artifact's slots);
-all three drive edgeocr.batch.SlotScheduler over the session, so a page's tokens do not depend on how it was
-asked for."""
+The loaded model holds what does not change while pages decode: the session (graphs + static KV cache), the
+tokenizer, the preparer and its worker pool, the prompt layout and the RoPE tables.  It makes prepared pages
+(`page`) and schedulers (`scheduler`); each page's generation state lives in edgeocr.slots.SlotScheduler.
+One page (`recognize`, `stream`) or many (`recognize_many`: continuous batching over the artifact's slots)
+all run through edgeocr.slots.drive, so a page's tokens do not depend on how it was asked for."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from edgeocr import artifact as af
-from edgeocr import postprocess, preprocess, prompts, rope
-from edgeocr.batch import PageRequest, SlotEvent, SlotScheduler
-from edgeocr.decode import DecodeOptions, Sequence
+from edgeocr import prompts, rope
+from edgeocr.decode import DecodeOptions
 from edgeocr.errors import BackendError, PromptError
-from edgeocr.postprocess import TextLine
+from edgeocr.prepare import STRATEGIES, Prepared, PreparePool, open_preparer
+from edgeocr.result import OCRResult, ResultBuilder
+from edgeocr.slots import Page, Prompt, SlotEvent, SlotScheduler, drive
 from edgeocr.tokenizer import Tokenizer
 
 log = logging.getLogger("edgeocr")
 
-
-@dataclass(frozen=True)
-class OCRResult:
-    text: str                          # decoded output, special tokens removed
-    lines: list[TextLine]              # spotting tasks: lines with boxes in original pixels; else []
-    finish_reason: str                 # stop | length | cache_full | repetition
-    prompt_tokens: int                 # tokens in the prompt, image slots included
-    generated_tokens: int              # tokens generated, stop id included
-    token_ids: list[int]               # generated ids
-    timings_ms: dict[str, float]       # load, preprocess, vision, prefill, decode, total, first_token, per_token
-    task: str | None                   # task key, or None for a custom prompt
-    image_size: tuple[int, int]        # original (width, height)
-    step_ms: tuple[float, ...] = ()    # wall time of each decode step, ms
-
-    def to_dict(self) -> dict:
-        return {
-            "text": self.text, "finish_reason": self.finish_reason, "task": self.task,
-            "lines": [{"text": ln.text, "box": list(ln.box), "box_norm": list(ln.box_norm)} for ln in self.lines],
-            "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,
-            "image_size": list(self.image_size), "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
-        }
-
-
-@dataclass
-class Prepared:
-    """An image ready for the model."""
-
-    pixels: object                     # [1, 3, S, S] float32, normalized: numpy, or an OrtValue ("device")
-    letterbox: preprocess.Letterbox
-    timings_ms: dict = field(default_factory=dict)
-    blank: bool = False                # no ink (preprocess.is_blank): the result is empty, the model is not run
+__all__ = ["OCRModel", "OCRResult", "Prepared", "Stream", "open_session"]
 
 
 def open_session(path: Path, art: af.Artifact, backend: str, device: str, threads: int | None,
@@ -70,14 +43,10 @@ def open_session(path: Path, art: af.Artifact, backend: str, device: str, thread
     raise BackendError(f"unknown backend {backend!r}; use 'onnxruntime' or 'tensorrt'")
 
 
-_END = object()
-PREPROCESS = ("exact", "fast", "device")
-
-
 class Stream:
     """Iterate for (token_id, text_delta) as tokens are generated; `result` is the OCRResult once done."""
 
-    def __init__(self, events: Iterator):
+    def __init__(self, events: Iterator[SlotEvent]):
         self._events = events
         self.result: OCRResult | None = None
 
@@ -103,12 +72,16 @@ class OCRModel:
 
     def __init__(self, artifact_dir: str | Path, backend: str = "onnxruntime", device: str = "cpu",
                  threads: int | None = None, rope_layout: str | None = None, cuda_graph: bool | None = None,
-                 preprocess: str = "exact"):
+                 preprocess: str = "exact", max_pixels: int | None = None):
         """preprocess: "exact" (Pillow's bicubic, as the reference processor), "fast" (JPEG decoded at reduced
         scale + OpenCV resize on the host; [fast] extra) or "device" (resize + normalize in a small ONNX graph
-        on the session's device, within 2 levels of Pillow); measured in docs/perf.md."""
-        if preprocess not in PREPROCESS:
-            raise BackendError(f"unknown preprocess {preprocess!r}; use one of {', '.join(PREPROCESS)}")
+        on the session's device, within 2 levels of Pillow); measured in docs/perf.md.  The library keeps
+        "exact" on every device (token-exact with the reference); `edgeocr run`/`bench` pick
+        edgeocr.bench.default_preprocess(device) when no --preprocess is named.
+        max_pixels: images larger than this are refused from their header (None: EDGEOCR_MAX_PIXELS, else
+        edgeocr.preprocess.DEFAULT_MAX_PIXELS)."""
+        if preprocess not in STRATEGIES:
+            raise BackendError(f"unknown preprocess {preprocess!r}; use one of {', '.join(STRATEGIES)}")
         t0 = time.perf_counter()
         self.path = Path(artifact_dir)
         self.artifact = art = af.read(self.path)
@@ -120,14 +93,14 @@ class OCRModel:
         self.stop_ids = tk.stop_ids
         self.image_spec = art.image
         self.preprocess = preprocess
-        self._device_pre = None
-        if preprocess == "device":
-            from edgeocr.preprocess_graph import DevicePreprocessor
-            self._device_pre = DevicePreprocessor(device=device, canvas=art.image.canvas, pad_value=art.image.pad_value)
+        self.preparer = open_preparer(preprocess, art.image, device, max_pixels)   # the artifact's geometry, mean/std
+        self.workers = PreparePool(1)                                  # runs the preparer ahead of need
+        self.results = ResultBuilder(self.tokenizer, art.image.canvas)
         r = art.rope
         self.rope_layout = rope_layout or r.layout
         self.freqs = rope.inv_freq(r.head_dim, r.theta, r.alpha)
         self.table_cos, self.table_sin = rope.text_table(art.cache_len, self.freqs)   # [cache_len, D] each
+        self._prompt = functools.lru_cache(maxsize=64)(self._build_prompt)
         self.load_ms = (time.perf_counter() - t0) * 1e3
         log.info("loaded %s (%s, %s, %d slot(s)) in %.0f ms", self.path, art.precision, self.session.name,
                  self.slots, self.load_ms)
@@ -137,33 +110,10 @@ class OCRModel:
         """Pages decoded at once."""
         return self.session.slots
 
-    # ------------------------------------------------------------------ pieces
+    # ------------------------------------------------------------------ pieces (no sequence state)
     def prepare(self, image) -> Prepared:
         """Decode and letterbox an image into the model's input (a Prepared passes through)."""
-        if isinstance(image, Prepared):
-            return image
-        im = self.image_spec
-        t0 = time.perf_counter()
-        if self.preprocess == "fast":
-            img, size = preprocess.load_image_for_canvas(image, im.canvas)
-            t1 = time.perf_counter()
-            canvas, lb = preprocess.letterbox_fast(img, size, im.canvas, im.pad_value)
-            pixels = preprocess.normalize(canvas, mean=im.mean, std=im.std)
-            page = canvas[:lb.new_h, :lb.new_w]                 # the image on the canvas, without the padding
-        elif self.preprocess == "device":
-            img = preprocess.load_image(image)
-            t1 = time.perf_counter()
-            pixels, lb = self._device_pre(np.asarray(img))      # OrtValue [1, 3, S, S] on the device
-            page = np.asarray(img)                              # the blank check reads the source pixels
-        else:
-            img = preprocess.load_image(image)
-            t1 = time.perf_counter()
-            canvas, lb = preprocess.letterbox(img, im.canvas, im.pad_value)
-            pixels = preprocess.normalize(canvas, mean=im.mean, std=im.std)
-            page = canvas[:lb.new_h, :lb.new_w]
-        t2 = time.perf_counter()
-        return Prepared(pixels, lb, {"load": (t1 - t0) * 1e3, "preprocess": (t2 - t1) * 1e3},
-                        blank=preprocess.is_blank(page))
+        return self.preparer(image)
 
     def instruction(self, task: str | None, prompt: str | None, lang: str = "zh") -> tuple[str, str | None]:
         if prompt is not None:
@@ -188,16 +138,47 @@ class OCRModel:
         pos = rope.position_ids(len(ids), start, grid, self.image_spec.merge_size)
         return rope.cos_sin(pos, self.freqs, self.artifact.rope.sections, self.rope_layout)
 
+    def _build_prompt(self, instruction: str) -> Prompt:
+        ids = self.prompt_ids(instruction)
+        cos, sin = self.rope_tables(ids)
+        for a in (ids, cos, sin):
+            a.flags.writeable = False          # shared by every page with this instruction
+        return Prompt(ids, cos, sin)
+
+    def page(self, image, task: str | None = None, prompt: str | None = None, lang: str = "zh",
+             options: DecodeOptions = DecodeOptions()) -> Page:
+        """A page ready for SlotScheduler.admit: options checked, the image prepared (decoded and letterboxed
+        here, on the calling thread: run it on a worker), the prompt tokenized.  Raises EdgeOCRError
+        subclasses (ImageError, PromptError, ...) on bad input."""
+        options.validate()
+        instruction, task_key = self.instruction(task, prompt, lang)
+        built = self._prompt(instruction)
+        prep = self.preparer(image)
+        return Page(prep, built, task_key, options,
+                    stop_ids=frozenset() if options.ignore_stop else frozenset(self.stop_ids),
+                    penalty=options.repetition_penalty or self.artifact.repetition_penalty)
+
+    def pages(self, images: Iterable, task: str | None = None, prompt: str | None = None, lang: str = "zh",
+              options: DecodeOptions = DecodeOptions()) -> Iterator[tuple[int, Page]]:
+        """(index, Page) for each image, pulled lazily and prepared on the worker pool `slots` ahead of the
+        consumer; a page that fails raises its error when its turn comes."""
+        make = functools.partial(self.page, task=task, prompt=prompt, lang=lang, options=options)
+        for i, (_, fut) in enumerate(self.workers.ahead(images, make, depth=self.slots)):
+            yield i, fut.result()
+
+    def scheduler(self, deltas: bool = False) -> SlotScheduler:
+        """A scheduler over this model's session and pieces (one in use at a time: they share the KV cache)."""
+        return SlotScheduler(self.session, self.preparer, self.tokenizer, self.results,
+                             (self.table_cos, self.table_sin), deltas=deltas)
+
     # ------------------------------------------------------------------ API
-    def _events(self, request: PageRequest, stop_check: Callable[[], bool] | None, deltas: bool):
-        sched = SlotScheduler(self, deltas=deltas)
-        tag = object()
-        sched.admit(request, tag)
-        while True:
-            for ev in sched.step():
-                yield ev
-                if ev.result is not None:
-                    return
+    def _one(self, page_args: tuple, stop_check: Callable[[], bool] | None, deltas: bool) -> Iterator[SlotEvent]:
+        page = self.workers.submit(self.page, *page_args).result()
+        sched, tag = self.scheduler(deltas=deltas), object()
+        for events in drive(sched, [(tag, page)]):
+            yield from events
+            if any(ev.result is not None for ev in events):
+                return
             if stop_check is not None and stop_check():
                 yield SlotEvent(tag, None, "", sched.cancel(tag))     # the result alone, no new token
                 return
@@ -208,7 +189,7 @@ class OCRModel:
         """Iterate the returned Stream for (token_id, text_delta) as tokens are generated; its `result` is the
         OCRResult once the iteration ends.  stop_check() returning True ends generation early (finish_reason
         'cancelled')."""
-        return Stream(self._events(PageRequest(image, task, prompt, lang, options), stop_check, deltas=True))
+        return Stream(self._one((image, task, prompt, lang, options), stop_check, deltas=True))
 
     def recognize(self, image, task: str | None = None, prompt: str | None = None, lang: str = "zh",
                   options: DecodeOptions = DecodeOptions(),
@@ -217,40 +198,12 @@ class OCRModel:
         """Run one image.  task: an official task key (see edgeocr.prompts.task_names()); prompt: a
         custom instruction instead; on_token(id, text_delta) is called as tokens arrive; stop_check()
         returning True ends generation early (finish_reason 'cancelled')."""
-        request = PageRequest(image, task, prompt, lang, options)
         result = None
-        for ev in self._events(request, stop_check, deltas=on_token is not None):
+        for ev in self._one((image, task, prompt, lang, options), stop_check, deltas=on_token is not None):
             if on_token is not None and ev.token_id is not None:
                 on_token(ev.token_id, ev.text_delta)
             result = ev.result or result
         return result
-
-    def prefetch(self, images: Iterable, depth: int) -> Iterator[Prepared]:
-        """`prepare` the images on a worker thread, `depth` ahead of the consumer: the host's decoding and
-        letterboxing of the next pages overlaps the decode steps of the current ones.  An image that fails
-        raises its error when its turn comes."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        if self._device_pre is not None:        # one device buffer for the pixels: prepared just in time
-            for img in images:
-                yield self.prepare(img)
-            return
-        with ThreadPoolExecutor(1, thread_name_prefix="edgeocr-prepare") as pool:
-            ahead = []
-            it = iter(images)
-            try:
-                while True:
-                    while len(ahead) < depth:
-                        img = next(it, _END)
-                        if img is _END:
-                            break
-                        ahead.append(pool.submit(self.prepare, img))
-                    if not ahead:
-                        return
-                    yield ahead.pop(0).result()
-            finally:
-                for f in ahead:
-                    f.cancel()
 
     def recognize_many(self, images: Iterable, task: str | None = None, prompt: str | None = None,
                        lang: str = "zh", options: DecodeOptions = DecodeOptions()) -> Iterator[tuple[int, OCRResult]]:
@@ -258,34 +211,7 @@ class OCRModel:
         input order).  `images` is consumed lazily and prepared (decoded, letterboxed) on a worker thread ahead
         of need; a freed slot takes the next image at once.  A bad image raises its EdgeOCRError (ImageError,
         ...) with the pages already yielded kept."""
-        sched = SlotScheduler(self)
-        source = enumerate(self.prefetch(images, depth=self.slots))
-        exhausted = False
-        while True:
-            while not exhausted and sched.free():
-                item = next(source, None)
-                if item is None:
-                    exhausted = True
-                    break
-                sched.admit(PageRequest(item[1], task, prompt, lang, options), item[0])
-            if sched.idle():
-                return
-            for ev in sched.step():
+        for events in drive(self.scheduler(), self.pages(images, task, prompt, lang, options)):
+            for ev in events:
                 if ev.result is not None:
                     yield ev.tag, ev.result
-
-    def result(self, seq: Sequence, prep: Prepared, task_key, vision_ms: float, t_start: float) -> OCRResult:
-        """A finished sequence as an OCRResult (text cleaned, spotting boxes mapped back to the image)."""
-        text = postprocess.clean_repeated_substrings(self.tokenizer.decode(seq.tokens))
-        lines = []
-        if task_key in prompts.SPOTTING_TASKS:
-            lines = postprocess.parse_spotting(text, prep.letterbox, self.image_spec.canvas)
-        n = len(seq.tokens)
-        timings = dict(prep.timings_ms)
-        timings.update({"vision": vision_ms, "prefill": seq.prefill_ms, "decode": seq.decode_ms,
-                        "first_token": vision_ms + seq.prefill_ms + seq.first_token_ms,
-                        "per_token": seq.decode_ms / (n - 1) if n > 1 else 0.0,
-                        "total": (time.perf_counter() - t_start) * 1e3})
-        return OCRResult(text=text, lines=lines, finish_reason=seq.finish_reason, prompt_tokens=len(seq.prompt_ids),
-                         generated_tokens=n, token_ids=list(seq.tokens), timings_ms=timings, task=task_key,
-                         image_size=(prep.letterbox.width, prep.letterbox.height), step_ms=tuple(seq.step_ms))

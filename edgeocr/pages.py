@@ -181,7 +181,15 @@ class PageLoader:
             raise ref.error
         if ref.page is None:
             return np.asarray(preprocess.load_image(ref.file, self.max_pixels))
-        return self._render(ref)
+        return np.asarray(self._render(ref))                         # [H, W, 3] uint8
+
+    def source(self, ref: PageRef):
+        """What a preparer takes for `ref`, read no further than needed: an image file's path (the preparer
+        checks its header against the preparer's own pixel limit, then decodes it, at reduced scale on the fast
+        path), or a PDF page rasterized to an RGB PIL image (checked here against this loader's limit)."""
+        if ref.error is not None:
+            raise ref.error
+        return ref.file if ref.page is None else self._render(ref)
 
     def load_encoded(self, ref: PageRef) -> bytes:
         """The page as an encoded image, for a daemon (`edgeocr run --remote`): an image file's own bytes, its
@@ -189,9 +197,8 @@ class PageLoader:
         if ref.error is not None:
             raise ref.error
         if ref.page is not None:
-            from PIL import Image
             out = io.BytesIO()
-            Image.fromarray(self._render(ref)).save(out, "PNG", compress_level=1)
+            self._render(ref).save(out, "PNG", compress_level=1)
             return out.getvalue()
         data, name = preprocess.read_bytes(ref.file)
         try:
@@ -202,7 +209,7 @@ class PageLoader:
             raise ImageError(f"{name}: unreadable image header ({e})") from None
         return data
 
-    def _render(self, ref: PageRef) -> np.ndarray:
+    def _render(self, ref: PageRef):
         doc = self._document(ref.file)
         if ref.page > len(doc):
             raise ImageError(f"{ref.label}: the PDF has only {len(doc)} pages")
@@ -222,7 +229,7 @@ class PageLoader:
             img = bitmap.to_pil().convert("RGB")
         finally:
             page.close()
-        return np.asarray(img)                                     # [H, W, 3] uint8
+        return img                                                 # PIL RGB
 
     def _document(self, path: str):
         if self._pdf_path != path:

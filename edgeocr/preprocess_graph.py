@@ -30,7 +30,6 @@ from edgeocr.preprocess import Letterbox
 log = logging.getLogger("edgeocr")
 
 OPSET = 18                      # Resize's antialias attribute
-INPUTS = ("image", "resize", "pads")
 OUTPUT = "pixels"
 
 
@@ -78,12 +77,13 @@ def build(canvas: int = preprocess.CANVAS, pad_value: int = preprocess.PAD_VALUE
     return model
 
 
-def save(path: Path, canvas: int = preprocess.CANVAS, pad_value: int = preprocess.PAD_VALUE) -> Path:
+def save(path: Path, canvas: int = preprocess.CANVAS, pad_value: int = preprocess.PAD_VALUE, mean=preprocess.MEAN,
+         std=preprocess.STD) -> Path:
     """Write the graph (a few KB) to `path`, e.g. into an artifact beside vision.onnx."""
     import onnx
 
     path = Path(path)
-    onnx.save_model(build(canvas, pad_value), str(path))
+    onnx.save_model(build(canvas, pad_value, mean, std), str(path))
     return path
 
 
@@ -103,14 +103,16 @@ class DevicePreprocessor:
     """
 
     def __init__(self, graph: Path | bytes | None = None, device: str = "cuda", canvas: int = preprocess.CANVAS,
-                 pad_value: int = preprocess.PAD_VALUE, device_id: int = 0):
+                 pad_value: int = preprocess.PAD_VALUE, device_id: int = 0, mean=preprocess.MEAN,
+                 std=preprocess.STD):
+        """canvas, pad_value, mean, std: the artifact's (edgeocr.artifact.ImageSpec); a given `graph` has its own."""
         try:
             import onnxruntime as ort
         except ImportError:
             raise BackendError("ONNX Runtime is not installed: pip install 'edgeocr[cpu]' (or 'edgeocr[cuda]')") \
                 from None
         if graph is None:
-            graph = build(canvas, pad_value).SerializeToString()
+            graph = build(canvas, pad_value, mean, std).SerializeToString()
         elif isinstance(graph, (str, Path)):
             graph = Path(graph).read_bytes()
         if device == "cuda":

@@ -15,7 +15,8 @@ import numpy as np
 
 from edgeocr import postprocess, preprocess, prompts
 from edgeocr.artifact import image_token_count
-from edgeocr.model import OCRResult
+from edgeocr.decode import FinishReason
+from edgeocr.result import OCRResult
 from edgeocr.tokenizer import Tokenizer
 
 
@@ -117,7 +118,7 @@ class TransformersRunner:
         text = self.tok.decode(gen)
         stop = bool(gen) and gen[-1] in self.stop_ids
         lines = postprocess.parse_spotting(text, lb, preprocess.CANVAS) if task in prompts.SPOTTING_TASKS else []
-        return OCRResult(text=text, lines=lines, finish_reason="stop" if stop else "length", prompt_tokens=n_prompt,
+        return OCRResult(text=text, lines=lines, finish_reason=FinishReason.STOP if stop else FinishReason.LENGTH, prompt_tokens=n_prompt,
                          generated_tokens=len(gen), token_ids=gen, task=task, image_size=(lb.width, lb.height),
                          timings_ms={"preprocess": (t1 - t0) * 1e3, "generate": (t2 - t1) * 1e3,
                                      "total": (t2 - t0) * 1e3})

@@ -290,18 +290,12 @@ def test_resume_state_and_writer(tmp_path):
     assert batchrun.prepare_output(out, overwrite=True).done == frozenset() and out.read_bytes() == b""
 
 
-class _PageByPage:
-    """A model without recognize_many (as TensorRT sessions and older models): the fallback path."""
-
-    def __init__(self, model):
-        self.recognize = model.recognize
-
-
-class _OutOfOrder(_PageByPage):
-    """recognize_many that takes pages lazily, `slots` at a time, and finishes each group in reverse order."""
+class _OutOfOrder:
+    """A model whose recognize_many takes pages lazily, `slots` at a time, and finishes each group in reverse
+    order."""
 
     def __init__(self, model, slots=3):
-        super().__init__(model)
+        self.recognize, self.prepare, self.workers = model.recognize, model.prepare, model.workers
         self.slots, self.pulled = slots, 0
 
     def recognize_many(self, images, task=None, prompt=None, lang="zh", options=None):
@@ -329,7 +323,7 @@ def test_run_pages_maps_out_of_order_results_and_stops_feeding(art_a, tmp_path):
     refs = pages.list_pages(sorted(sizes))
     model = OCRModel(art_a)
     opts = DecodeOptions(max_new_tokens=1)
-    for wrapped in (_PageByPage(model), _OutOfOrder(model)):
+    for wrapped in (model, _OutOfOrder(model)):
         got = []
         with pages.PageLoader() as loader:
             batchrun.run_pages(wrapped, refs, loader, got.append, task="spotting", options=opts)

@@ -421,20 +421,19 @@ def test_ipv6_loopback_models_openapi_and_security_headers(daemon):
 
 def test_engine_scheduler_matches_recognize_and_cancels(art_a):
     """The engine seam on the real model: same tokens as recognize(); cancel frees the slot at once."""
-    from edgeocr.batch import PageRequest, SlotScheduler
     from edgeocr.decode import DecodeOptions
     from edgeocr.model import OCRModel
 
     model = OCRModel(art_a, threads=1)
     img = make_image(11, (300, 400))
     want = model.recognize(img, task="spotting", options=DecodeOptions(max_new_tokens=12))
-    sched = SlotScheduler(model, deltas=True)
+    sched = model.scheduler(deltas=True)
     assert (sched.slots, sched.free(), sched.live()) == (1, 1, 0)
     tag = object()
-    sched.admit(PageRequest(img, "spotting", None, "zh", DecodeOptions(max_new_tokens=12)), tag)
+    sched.admit(model.page(img, "spotting", None, "zh", DecodeOptions(max_new_tokens=12)), tag)
     assert (sched.free(), sched.live()) == (0, 1)
     with pytest.raises(RuntimeError):
-        sched.admit(PageRequest(img, "spotting", None, "zh", DecodeOptions()), object())
+        sched.admit(model.page(img, "spotting", None, "zh", DecodeOptions()), object())
     tokens, text, result = [], "", None
     for _ in range(100):
         for ev in sched.step():
@@ -447,7 +446,7 @@ def test_engine_scheduler_matches_recognize_and_cancels(art_a):
     assert tokens == want.token_ids and result.token_ids == want.token_ids and result.finish_reason == "length"
     assert sched.free() == 1 and sched.step() == []
     # cancel after a few tokens: the slot is free when cancel returns, the result says cancelled
-    sched.admit(PageRequest(img, None, "x", "zh", DecodeOptions(max_new_tokens=400)), tag)
+    sched.admit(model.page(img, None, "x", "zh", DecodeOptions(max_new_tokens=400)), tag)
     for _ in range(5):
         sched.step()
     r = sched.cancel(tag)
@@ -456,7 +455,7 @@ def test_engine_scheduler_matches_recognize_and_cancels(art_a):
     # bad input is refused at admission, the slot stays free
     from edgeocr.errors import ImageError
     with pytest.raises(ImageError):
-        sched.admit(PageRequest(b"not an image", None, "x", "zh", DecodeOptions()), tag)
+        sched.admit(model.page(b"not an image", None, "x", "zh", DecodeOptions()), tag)
     assert sched.free() == 1
 
 

@@ -306,7 +306,9 @@ def test_image_bombs_are_refused_before_decoding(hostile):
     assert code == 413 and "900,000,000 pixels exceeds the pixel limit of 40,000,000 (max_pixels" \
         in error_of(body)["message"]
     code, body = post_json(d.unix, "/v1/ocr", {"image": base64.b64encode(pixel_bomb(60000, 2)).decode()})
-    assert code == 400 and "aspect ratio" in error_of(body)["message"]
+    assert code == 400 and "smaller than the minimum page of 16x16" in error_of(body)["message"]
+    code, body = post_json(d.unix, "/v1/ocr", {"image": base64.b64encode(pixel_bomb(4000, 16)).decode()})
+    assert code == 400 and "aspect ratio" in error_of(body)["message"]      # 250:1, over the 200:1 limit
     assert d.rss_mib() - rss0 < 64
     still_serving(d)
 

@@ -9,7 +9,6 @@ import pytest
 
 from conftest import CACHE_LEN, PREFILL_LEN, make_image
 from edgeocr import prompts
-from edgeocr.batch import PageRequest, SlotScheduler
 from edgeocr.decode import DecodeOptions
 from edgeocr.model import OCRModel
 
@@ -69,10 +68,10 @@ def test_pages_of_different_lengths_refill_slots_mid_run(slot_arts):
     model = OCRModel(slot_arts["gqa-select"])
     pages = _pages(6)
     lengths = [3, 11, 5, 8, 2, 7]
-    reqs = [PageRequest(p, task="structured_parse", options=DecodeOptions(max_new_tokens=n, repetition_penalty=1.2))
-            for p, n in zip(pages, lengths)]
-    alone = [model.recognize(r.image, task=r.task, options=r.options).token_ids for r in reqs]
-    sched = SlotScheduler(model)
+    opts = [DecodeOptions(max_new_tokens=n, repetition_penalty=1.2) for n in lengths]
+    alone = [model.recognize(p, task="structured_parse", options=o).token_ids for p, o in zip(pages, opts)]
+    reqs = [model.page(p, task="structured_parse", options=o) for p, o in zip(pages, opts)]
+    sched = model.scheduler()
     pending, done, admitted_while_busy = list(enumerate(reqs)), {}, 0
     while pending or sched.live():
         while pending and sched.free():
@@ -104,9 +103,9 @@ def test_cancel_frees_the_slot_and_others_go_on(slot_arts):
     opts = DecodeOptions(max_new_tokens=10)
     a, b = _pages(2)
     alone_b = model.recognize(b, options=opts).token_ids
-    sched = SlotScheduler(model)
-    sched.admit(PageRequest(a, options=opts), "a")
-    sched.admit(PageRequest(b, options=opts), "b")
+    sched = model.scheduler()
+    sched.admit(model.page(a, options=opts), "a")
+    sched.admit(model.page(b, options=opts), "b")
     sched.step()
     sched.step()
     res = sched.cancel("a")
@@ -121,9 +120,9 @@ def test_cancel_frees_the_slot_and_others_go_on(slot_arts):
 def test_bad_page_raises_and_nothing_is_admitted(slot_arts):
     from edgeocr.errors import ImageError
     model = OCRModel(slot_arts["masked"])
-    sched = SlotScheduler(model)
+    sched = model.scheduler()
     with pytest.raises(ImageError):
-        sched.admit(PageRequest(b"not an image"), "x")
+        sched.admit(model.page(b"not an image"), "x")
     assert sched.free() == 3
     with pytest.raises(ImageError):
         list(model.recognize_many([make_image(1), b"not an image"], options=DecodeOptions(max_new_tokens=2)))
@@ -171,9 +170,9 @@ def test_slot_step_reads_only_its_own_rows(slot_arts):
         model.recognize(a, options=opts)
         solo = [s[0] for s in seen]
         seen.clear()
-        sched = SlotScheduler(model)
-        sched.admit(PageRequest(a, options=opts), "a")
-        sched.admit(PageRequest(b, options=opts), "b")
+        sched = model.scheduler()
+        sched.admit(model.page(a, options=opts), "a")
+        sched.admit(model.page(b, options=opts), "b")
         while sched.live():
             sched.step()
         together = [s[0] for s in seen[:len(solo)]]

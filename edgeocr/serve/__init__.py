@@ -3,7 +3,7 @@
     config.py    settings (flags, EDGEOCR_* variables, config file)
     errors.py    the JSON error shape
     jobs.py      jobs and admission (the bounded queue)
-    engine.py    the engine thread over edgeocr.batch.SlotScheduler (N requests at once on an N-slot artifact)
+    engine.py    the engine thread over edgeocr.slots.SlotScheduler (N requests at once on an N-slot artifact)
     parsing.py   request bodies -> validated OCR parameters
     app.py       the HTTP application (ASGI)
     protocol.py  connection limits on uvicorn's h11 protocol

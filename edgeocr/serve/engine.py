@@ -1,8 +1,9 @@
 """The engine thread: the only code that touches the model.
 
-The worker drives edgeocr.batch.SlotScheduler (pages decoded `slots` at a time, the artifact's slot count):
-it admits queued jobs while slots are free, runs one decode step for every live slot, routes each token to
-its job, and cancels a job between two steps when its client has left or its deadline has passed.
+The worker drives one edgeocr.slots.SlotScheduler (pages decoded `slots` at a time, the artifact's slot
+count) through edgeocr.slots.drive: it takes queued jobs, has their images decoded and prepared on the
+model's worker pool (never on this thread), admits prepared pages while slots are free, routes each step's
+tokens to their jobs, and cancels a job between two steps when its client has left or its deadline has passed.
 """
 
 from __future__ import annotations
@@ -12,48 +13,33 @@ import hashlib
 import logging
 import threading
 import time
+from concurrent.futures import wait as wait_futures
 from pathlib import Path
-from typing import Protocol
 
 from edgeocr import __version__, prompts
-from edgeocr.batch import PageRequest, SlotEvent, SlotScheduler
-from edgeocr.decode import DecodeOptions
+from edgeocr.decode import DecodeOptions, FinishReason
 from edgeocr.errors import EdgeOCRError, ImageError, ImageTooLarge, PromptError
 from edgeocr.serve.errors import HTTPError, unavailable
 from edgeocr.serve.jobs import DONE, ERROR, TOKEN, Admission, Job
+from edgeocr.slots import PageRequest, SlotEvent, drive
 
 log = logging.getLogger("edgeocr.serve")
 
-
-class Scheduler(Protocol):
-    """What the worker drives: edgeocr.batch.SlotScheduler (pages decoded `slots` at a time)."""
-
-    slots: int                                            # pages decoded at once
-
-    def free(self) -> int: ...                            # slots free now
-
-    def admit(self, request: PageRequest, tag) -> None: ...   # preprocess + vision + prefill into a free slot;
-                                                          # raises EdgeOCRError subclasses on bad input
-
-    def step(self) -> list[SlotEvent]: ...                # one decode step for every live slot
-
-    def cancel(self, tag) -> object | None: ...           # frees the tag's slot now (finish_reason "cancelled")
-
-    def live(self) -> int: ...                            # slots in use
+__all__ = ["EngineWorker", "PageRequest", "open_model"]
 
 
-def open_scheduler(cfg) -> tuple[Scheduler, dict]:
-    """Load the artifact; returns the scheduler and what /v1/info reports about it."""
+def open_model(cfg):
+    """Load the artifact; returns the loaded model (edgeocr.model.OCRModel) and what /v1/info reports about it."""
     from edgeocr.model import OCRModel
 
-    model = OCRModel(cfg.artifact, device=cfg.device, threads=cfg.threads or None)
+    model = OCRModel(cfg.artifact, device=cfg.device, threads=cfg.threads or None, max_pixels=cfg.max_pixels)
     m = model.artifact
     info = {"version": __version__, "backend": model.session.name, "precision": m.precision,
             "device": cfg.device, "artifact": str(cfg.artifact),
             "manifest_sha256": hashlib.sha256((Path(cfg.artifact) / "manifest.json").read_bytes()).hexdigest(),
             "source_sha256": m.source.get("sha256"), "cache_len": m.cache_len, "slots": m.slots,
             "max_new_tokens": cfg.max_new_tokens, "tasks": prompts.task_names()}
-    return SlotScheduler(model, deltas=True), info
+    return model, info
 
 
 def warmup_request() -> PageRequest:
@@ -65,7 +51,7 @@ def warmup_request() -> PageRequest:
 
 
 def admit_error(e: Exception) -> HTTPError:
-    """The reply for a request the scheduler refused at admission."""
+    """The reply for a request refused while it was prepared or admitted."""
     if isinstance(e, ImageTooLarge):
         return HTTPError(413, "invalid_image", str(e))
     if isinstance(e, ImageError):
@@ -76,18 +62,19 @@ def admit_error(e: Exception) -> HTTPError:
 
 
 class EngineWorker(threading.Thread):
-    """Loads the model, then admits, steps and cancels jobs until stopped."""
+    """Loads the model, then prepares, admits, steps and cancels jobs until stopped."""
 
-    def __init__(self, cfg, admission: Admission, notifier, metrics=None, opener=open_scheduler):
+    def __init__(self, cfg, admission: Admission, notifier, metrics=None, opener=open_model):
         super().__init__(name="edgeocr-engine", daemon=True)
         self.cfg, self.admission, self.notifier, self.metrics = cfg, admission, notifier, metrics
         self.opener = opener
         self.phase = "loading"               # loading | warming | ready | failed | stopped
         self.error: str | None = None        # why loading (or the loop) failed
         self.info: dict = {}
-        self.sched: Scheduler | None = None
+        self.model = None                    # edgeocr.model.OCRModel once loaded
+        self.sched = None                    # its edgeocr.slots.SlotScheduler
         self.running: dict[Job, float] = {}  # live jobs -> admit time (monotonic)
-        self.admitting: Job | None = None    # the job inside scheduler.admit() now
+        self.admitting: list[Job] = []       # jobs handed to scheduler.admit() since the last step
         self._halt = threading.Event()
         self._cancel_all: str | None = None  # set by the daemon when the drain time is over
         self._reasons: dict[Job, str] = {}   # why a live job is being cancelled
@@ -105,11 +92,11 @@ class EngineWorker(threading.Thread):
         self.admission.wake()
 
     def idle(self) -> bool:
-        return not self.running and self.admitting is None and self.admission.depth() == 0
+        return self.busy() == 0
 
     def busy(self) -> int:
-        """Accepted jobs not finished yet: queued, being admitted, or in a slot."""
-        return len(self.running) + (self.admitting is not None) + self.admission.depth()
+        """Accepted jobs not finished yet: queued (being prepared, maybe), being admitted, or in a slot."""
+        return len(self.running) + len(self.admitting) + self.admission.depth()
 
     # ------------------------------------------------------------------ thread
     def run(self) -> None:
@@ -130,7 +117,8 @@ class EngineWorker(threading.Thread):
             self.phase = "failed"
             self._fail_everything(HTTPError(500, "internal_error", "the engine stopped; see the daemon log"))
         finally:
-            self.sched = None       # the model is released here, on its own thread, with nothing running in it
+            self.model.workers.close()
+            self.sched = self.model = None  # released here, on its own thread, with nothing running in it
             gc.collect()
         if self.phase != "failed":
             self.phase = "stopped"
@@ -138,7 +126,8 @@ class EngineWorker(threading.Thread):
     def _load(self) -> None:
         self.notifier.status(f"loading {self.cfg.artifact}")
         t0 = time.perf_counter()
-        self.sched, self.info = self.opener(self.cfg)
+        self.model, self.info = self.opener(self.cfg)
+        self.sched = self.model.scheduler(deltas=True)
         log.info("loaded %s (%s, %s, %d slot(s)) in %.1f s", self.cfg.artifact, self.info.get("precision"),
                  self.info.get("backend"), self.sched.slots, time.perf_counter() - t0)
         if self.cfg.warmup:
@@ -151,25 +140,33 @@ class EngineWorker(threading.Thread):
         self.notifier.status("ready")
         self.notifier.ready()
 
+    def _prepare(self, r: PageRequest):
+        """A Future of the request's prepared Page, made on the model's worker pool."""
+        return self.model.workers.submit(self.model.page, r.image, r.task, r.prompt, r.lang, r.options)
+
     def _run_alone(self, request: PageRequest):
         tag = object()
-        self.sched.admit(request, tag)
-        while True:
-            for ev in self.sched.step():
+        page = self._prepare(request).result()
+        for events in drive(self.sched, [(tag, page)]):
+            for ev in events:
                 if ev.tag is tag and ev.result is not None:
                     return ev.result
 
     def _loop(self) -> None:
         while not self._halt.is_set():
-            self._ping()
-            if self._cancel_all:
-                self._cancel_everything(self._cancel_all)
-            self._reap()
-            self._admit()
-            if self.sched.live():
-                self._step()
-            else:
-                self.admission.wait_for_work(self.tick)
+            try:
+                for events in drive(self.sched, self._feed(), self._admit_failed):
+                    self._route(events)
+                    if self._halt.is_set():
+                        return
+                    self._ping()
+                    if self._cancel_all:
+                        self._cancel_everything(self._cancel_all)
+                    self._reap()
+                    self._prepare_ahead()              # the next pages are prepared while these decode
+            except Exception:
+                log.exception("decode step failed with %d page(s) live", len(self.running))
+                self._fail_everything(HTTPError(500, "internal_error", "the decode step failed; see the daemon log"))
 
     def _ping(self) -> None:
         now = time.monotonic()
@@ -178,46 +175,80 @@ class EngineWorker(threading.Thread):
             self.notifier.watchdog()
 
     # ------------------------------------------------------------------ jobs
-    def _admit(self) -> None:
-        while self.sched.free() and not self._halt.is_set():
-            job = self.admission.take()
-            if job is None:
-                return
-            if job.gone:
-                self.admission.leave()
-                log.info("%s client left before its turn: dropped", job.id)
-                self._count_cancel("client_gone")
+    def _feed(self):
+        """What drive() admits: (job, Page) for the oldest waiting job once it is prepared, or None when it is
+        not (waiting up to a tick first when no slot is live).  Ends when the worker is halted."""
+        while not self._halt.is_set():
+            self._prepare_ahead()
+            head = next(iter(self.admission.peek(1)), None)
+            if head is not None and (head.gone or time.monotonic() > head.deadline or head.prepared.done()):
+                job = self.admission.take()            # the head: only this thread takes
+                page = None if self._dropped(job) else self._prepared(job)
+                if page is not None:
+                    self.admitting.append(job)         # in a slot at the next _route unless _admit_failed
+                    yield job, page
                 continue
-            now = time.monotonic()
-            if now > job.deadline:
-                self.admission.leave()
-                job.post(ERROR, HTTPError(504, "deadline_exceeded",
-                                          "the request waited past its deadline in the queue"))
-                self._count_cancel("deadline")
-                continue
-            job.started = now
-            self.admitting = job
-            try:
-                self.sched.admit(job.request, job)
-            except Exception as e:
-                self.admission.leave()
-                err = admit_error(e)
-                if err.status == 500:
-                    log.exception("%s admission failed", job.id)
-                job.post(ERROR, err)
-                continue
-            finally:
-                self.admitting = None
-            job.request = None          # the image bytes are not needed any more
-            self.running[job] = now
+            if self.sched.idle():
+                if head is not None:
+                    wait_futures([head.prepared], timeout=self.tick)
+                else:
+                    self.admission.wait_for_work(self.tick)
+            yield None
 
-    def _step(self) -> None:
+    def _prepare_ahead(self) -> None:
+        """The next `slots` waiting jobs are prepared on the worker pool while they wait (decoded, letterboxed,
+        tokenized: never on this thread)."""
+        for job in self.admission.peek(self.sched.slots):
+            if job.prepared is None and not job.gone:
+                job.prepared = self._prepare(job.request)
+
+    def _dropped(self, job: Job) -> bool:
+        """A job taken from the queue whose client left or whose deadline passed: answered, True."""
+        if job.gone:
+            self.admission.leave()
+            self._forget(job)
+            log.info("%s client left before its turn: dropped", job.id)
+            self._count_cancel("client_gone")
+            return True
+        if time.monotonic() > job.deadline:
+            self.admission.leave()
+            self._forget(job)
+            job.post(ERROR, HTTPError(504, "deadline_exceeded", "the request waited past its deadline in the queue"))
+            self._count_cancel("deadline")
+            return True
+        return False
+
+    @staticmethod
+    def _forget(job: Job) -> None:
+        if job.prepared is not None:
+            job.prepared.cancel()
+        job.prepared = job.request = None
+
+    def _prepared(self, job: Job):
+        """The job's Page, or None when it failed to prepare (answered)."""
         try:
-            events = self.sched.step()
-        except Exception:
-            log.exception("decode step failed with %d page(s) live", len(self.running))
-            self._fail_everything(HTTPError(500, "internal_error", "the decode step failed; see the daemon log"))
-            return
+            page = job.prepared.result()
+        except Exception as e:
+            self._admit_failed(job, e)
+            return None
+        self._forget(job)                   # the image bytes are not needed any more
+        return page
+
+    def _admit_failed(self, job: Job, e: Exception) -> None:
+        if job in self.admitting:
+            self.admitting.remove(job)
+        self._forget(job)
+        self.admission.leave()
+        err = admit_error(e)
+        if err.status == 500:
+            log.error("%s preparation or admission failed", job.id, exc_info=e)
+        job.post(ERROR, err)
+
+    def _route(self, events: list[SlotEvent]) -> None:
+        now = time.monotonic()
+        for job in self.admitting:                 # admitted: each holds a slot now
+            self.running[job] = now
+        self.admitting.clear()
         for ev in events:
             job = ev.tag
             if job not in self.running:          # finished or cancelled already: nothing more to send
@@ -235,7 +266,7 @@ class EngineWorker(threading.Thread):
         if self.metrics is not None:
             self.metrics.tokens(result.generated_tokens, result.prompt_tokens)
         reason = self._reasons.pop(job, None)
-        if result.finish_reason == "cancelled" or reason:
+        if result.finish_reason == FinishReason.CANCELLED or reason:
             self._post_cancelled(job, reason or "deadline")
         elif not job.gone:
             job.post(DONE, result)
@@ -278,11 +309,15 @@ class EngineWorker(threading.Thread):
     def _cancel_everything(self, reason: str) -> None:
         self._cancel_all = None
         for job in self.admission.take_all():
+            self._forget(job)
             self._post_cancelled(job, reason)
         for job in list(self.running):
             self._cancel(job, reason)
 
     def _fail_everything(self, err: HTTPError) -> None:
+        for job in self.admitting:
+            self.running[job] = 0.0
+        self.admitting.clear()
         for job in list(self.running):
             try:
                 self.sched.cancel(job)

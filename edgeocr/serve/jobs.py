@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ class Job:
     started: float = 0.0                      # monotonic time it got a slot (0: never)
     gone: bool = False                        # the client left: drop it if queued, cancel it if running
     chat_model: str = "hunyuanocr"            # OpenAI requests: the model name to echo back
+    prepared: object = None                   # Future of its edgeocr.slots.Page, made on the model's worker pool
 
     def post(self, *item) -> None:
         """Hand an event to the handler; callable from any thread."""
@@ -132,6 +134,11 @@ class Admission:
                 return None
             self.running += 1
             return self.waiting.popleft()
+
+    def peek(self, n: int) -> list[Job]:
+        """The first `n` waiting jobs, left in the queue (the engine prepares them before their turn)."""
+        with self.cond:
+            return list(itertools.islice(self.waiting, n))
 
     def leave(self) -> None:
         """A job the engine took is finished (result, error, cancel or drop)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from edgeocr import __version__, prompts
+from edgeocr.decode import FinishReason
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["code", "type", "message"],
@@ -38,7 +39,7 @@ def openapi(cfg) -> dict:
     }
     result = {"type": "object", "properties": {
         "id": {"type": "string"}, "text": {"type": "string"},
-        "finish_reason": {"type": "string", "enum": ["stop", "length", "cache_full", "repetition"]},
+        "finish_reason": {"type": "string", "enum": [r.value for r in FinishReason if r is not FinishReason.CANCELLED]},
         "task": {"type": ["string", "null"]},
         "lines": {"type": "array", "items": {"type": "object", "properties": {
             "text": {"type": "string"}, "box": {"type": "array", "items": {"type": "integer"}},
