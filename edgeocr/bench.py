@@ -87,7 +87,10 @@ def physical_cores() -> int:
 
 
 def thread_label(threads: int | None) -> str:
-    return f"{threads} (--threads)" if threads else f"{physical_cores()} (ONNX Runtime default: one per physical core)"
+    from edgeocr.ort_options import cpu_session_config
+    spin = "no spinning" if cpu_session_config() else "spinning"
+    return (f"{threads} (--threads), {spin}" if threads else
+            f"{physical_cores()} (ONNX Runtime default: one per physical core), {spin}")
 
 
 def cpu_step_profile(model, last, threads: int | None, steps: int = 8) -> dict:
@@ -104,6 +107,9 @@ def cpu_step_profile(model, last, threads: int | None, steps: int = 8) -> dict:
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
     so.enable_profiling = True
+    from edgeocr.ort_options import cpu_session_config
+    for key, value in cpu_session_config().items():
+        so.add_session_config_entry(key, value)
     if threads:
         so.intra_op_num_threads = threads
     tmp = tempfile.mkdtemp(prefix="edgeocr-profile-")

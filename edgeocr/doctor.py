@@ -29,7 +29,8 @@ def device_fit(art, device: str) -> list[str]:
                        f"slower per token than FP32 (demo model: 3.23 vs 0.66 ms); {cpu_fix}")
         if w8 and w8.get("accuracy_level", 0) != 4:
             out.append("its MatMulNBits weights are dequantized to floating point on every call on the CPU "
-                       f"(accuracy_level {w8.get('accuracy_level', 0)}): about 4x slower per token than FP32; {cpu_fix}")
+                       f"(accuracy_level {w8.get('accuracy_level', 0)}): about 4x slower per token than FP32; "
+                       f"{cpu_fix}")
         if acts == "fp16":
             out.append("FP16 activations: ONNX Runtime's CPU provider computes them slowly; use an FP32-based artifact")
         if fused_cuda:
@@ -43,8 +44,8 @@ def device_fit(art, device: str) -> list[str]:
             out.append("calibrated INT8 (Q/DQ) is made for TensorRT (`edgeocr build-engines`); ONNX Runtime's CUDA "
                        "provider runs its Q/DQ pairs as separate kernels, slower than FP16")
         if w8.get("target") == "cpu" or (art.precision != "int8" and acts == "fp32"):
-            out.append("FP32 activations (a CPU build or the FP32 export): on a GPU use the FP16 artifact or its `quantize weight-int8` "
-                       "(default target gpu)")
+            out.append("FP32 activations (a CPU build or the FP32 export): on a GPU use the FP16 artifact or "
+                       "its `quantize weight-int8` (default target gpu)")
     return out
 
 

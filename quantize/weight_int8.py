@@ -169,7 +169,8 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
     info.update(matmuls_quantized=dec["matmuls_quantized"], matmuls_total=dec["matmuls_total"],
                 seconds=round(time.perf_counter() - t0, 1))
     m = src.derive(
-        precision=PRECISION if bits == 8 else PRECISION_4, source=dict(src.source, base_artifact=str(src_artifact.resolve())),
+        precision=PRECISION if bits == 8 else PRECISION_4,
+        source=dict(src.source, base_artifact=str(src_artifact.resolve())),
         vision=replace(src.vision, **_io(out / src.vision.file)),
         decoder=replace(src.decoder, **_io(out / src.decoder.file)),
         files=_file_table(out), export=dict(src.export, weight_int8=info))

@@ -91,6 +91,10 @@ class OrtSession:
         so.log_severity_level = 3
         if threads:
             so.intra_op_num_threads = threads
+        if device == "cpu":
+            from edgeocr.ort_options import cpu_session_config
+            for key, value in cpu_session_config().items():
+                so.add_session_config_entry(key, value)
         try:
             self.vision = ort.InferenceSession(str(path / art.vision.file), so, providers=providers)
             self.decoder = ort.InferenceSession(str(path / art.decoder.file), so, providers=dec_providers)
