@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -130,6 +131,7 @@ class Artifact:
     files: dict                       # file name -> {"bytes", "sha256"}
     export: dict = field(default_factory=dict)     # tool versions, seconds, INT8 reports
     format_version: int = FORMAT_VERSION
+    runtime: dict = field(default_factory=dict)    # {"onnxruntime": oldest version the graphs need, "why": ...}
 
     # ------------------------------------------------------------ derived
     @property
@@ -161,7 +163,7 @@ class Artifact:
             "kv_cache": {**asdict(self.kv), "bytes_per_token": self.kv.bytes_per_token},
             "preprocess": asdict(self.image), "tokens": asdict(self.tokens), "rope": asdict(self.rope),
             "decode": {"repetition_penalty": self.repetition_penalty},
-            "tokenizer": self.tokenizer, "files": self.files, "export": self.export,
+            "tokenizer": self.tokenizer, "files": self.files, "export": self.export, "runtime": self.runtime,
         }
 
     def to_json(self) -> str:
@@ -184,7 +186,8 @@ class Artifact:
                 kv=_typed(KVCache, raw["kv_cache"]), image=_typed(ImageSpec, raw["preprocess"]),
                 tokens=_typed(Tokens, raw["tokens"]), rope=_typed(Rope, raw["rope"]),
                 repetition_penalty=float(raw["decode"]["repetition_penalty"]), tokenizer=raw["tokenizer"],
-                files=raw["files"], export=raw.get("export", {}), format_version=ver)
+                files=raw["files"], export=raw.get("export", {}), format_version=ver,
+                runtime=dict(raw.get("runtime") or {}))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ArtifactError(f"{where}: malformed or missing field ({type(e).__name__}: {e})") from None
         for what, value in (("kv_cache.slots", art.kv.slots), ("kv_cache.cache_len", art.kv.cache_len),
@@ -202,9 +205,73 @@ def _typed(cls, raw: dict):
     return cls(**vals)
 
 
+# ------------------------------------------------------------------------------ the ONNX Runtime an artifact needs
+# The oldest ONNX Runtime each kind of graph runs on, measured on the CPU provider (x86, 2026-12-04) with the
+# demo model's artifacts and single-MatMul graphs; later rules raise the floor.  Earlier releases were not
+# measured: 1.18's wheels do not import with NumPy 2, 1.19 was not run.
+ORT_FLOOR = ("1.20.0", "every exported and fused flavour (masked, GroupQueryAttention, selection in the graph) "
+                       "gives identical tokens on 1.20.1 and 1.32.0")
+ORT_MATMUL_NBITS_8 = ("1.23.0", "8-bit MatMulNBits: 1.20.1 and 1.21.1 refuse it at load, 1.22.1 fails on the "
+                                "first page unless accuracy_level is 4 (not measured off x86)")
+
+
+def _version(v: str) -> tuple[int, ...]:
+    """'1.23.2' / '1.24.0.dev20261101' / '1.20.0+cu124' -> (1, 23, 2) / (1, 24, 0) / (1, 20, 0)."""
+    m = re.match(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?", str(v).strip())
+    if not m:
+        raise ValueError(f"not a version number: {v!r}")
+    return tuple(int(x) for x in m.groups() if x is not None)
+
+
+def graph_requirement(graphs: list) -> dict:
+    """The oldest ONNX Runtime that runs every graph (ONNX ModelProtos) and why: {"onnxruntime", "why"}."""
+    need = ORT_FLOOR
+    for g in graphs:
+        for n in g.graph.node:
+            if n.op_type == "MatMulNBits" and any(a.name == "bits" and a.i == 8 for a in n.attribute):
+                need = max(need, ORT_MATMUL_NBITS_8, key=lambda r: _version(r[0]))
+    return {"onnxruntime": need[0], "why": need[1]}
+
+
+def onnxruntime_requirement(art: Artifact) -> dict:
+    """{"onnxruntime": version, "why": reason}: the manifest's, or, for a manifest written before artifacts
+    stated it, what its build record implies (8-bit MatMulNBits for weight-only INT8)."""
+    if art.runtime.get("onnxruntime"):
+        return {"onnxruntime": str(art.runtime["onnxruntime"]), "why": str(art.runtime.get("why", ""))}
+    w8 = art.export.get("weight_int8")
+    need = ORT_MATMUL_NBITS_8 if w8 and w8.get("bits", 8) == 8 else ORT_FLOOR
+    return {"onnxruntime": need[0], "why": need[1]}
+
+
+def onnxruntime_shortfall(art: Artifact, installed: str) -> str | None:
+    """None when ONNX Runtime `installed` can run the artifact's graphs, else the message saying why not."""
+    req = onnxruntime_requirement(art)
+    if _version(installed) >= _version(req["onnxruntime"]):
+        return None
+    return (f"this artifact needs ONNX Runtime >= {req['onnxruntime']} ({req['why']}); this one is {installed}: "
+            f"pip install 'onnxruntime>={req['onnxruntime']}' (or onnxruntime-gpu), or use an artifact built "
+            "without that graph feature")
+
+
+def _stated_requirement(directory: Path, art: Artifact) -> Artifact:
+    """The artifact with `runtime` computed from its graphs on disk (op types only; no weights are read).
+    Every toolchain writer goes through write(), so each artifact states what its own graphs need."""
+    try:
+        import onnx
+    except ImportError:               # runtime-only install: keep what the manifest says
+        return art
+    paths = [directory / g.file for g in (art.vision, art.decoder)]
+    if not all(p.exists() for p in paths):
+        return art
+    graphs = [onnx.load(str(p), load_external_data=False) for p in paths]
+    return replace(art, runtime=graph_requirement(graphs))
+
+
 def write(directory: Path, art: Artifact) -> None:
-    """Atomic write of manifest.json: a reader never sees half a manifest."""
+    """Atomic write of manifest.json: a reader never sees half a manifest.  The `runtime` requirement is
+    computed from the graphs in `directory`."""
     directory = Path(directory)
+    art = _stated_requirement(directory, art)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest.", suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(art.to_json())

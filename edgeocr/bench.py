@@ -53,6 +53,8 @@ class BenchResult:
     step_copies: dict | None = None   # bytes each decode step moves outside the graph, by construction
     flavour: str = ""                 # decoder attention / selection / CUDA graph
     preprocess: str = ""              # preprocessing path: exact | fast | device
+    threads: str = ""                 # ONNX Runtime intra-op threads of the sessions (CPU)
+    cpu_profile: dict | None = None   # CPU: ONNX Runtime's own profile of decode steps (cpu_step_profile)
 
 
 def step_copies(art, live_slots: int = 1) -> dict:
@@ -67,6 +69,103 @@ def step_copies(art, live_slots: int = 1) -> dict:
         h2d += 4 * live_slots                                     # one 'seen' flag per live slot
     d2d = 0 if inplace else live_slots * kv.bytes_per_token       # new K/V rows into the cache
     return {"host_to_device": h2d, "device_to_host": d2h, "cache_rows_device_to_device": d2d}
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (ONNX Runtime's default intra-op thread count); logical CPUs
+    where /proc/cpuinfo does not say."""
+    try:
+        allowed = os.sched_getaffinity(0)
+        cores, cpu = set(), None
+        with open("/proc/cpuinfo") as f:
+            phys = core = None
+            for line in f:
+                key, _, val = line.partition(":")
+                key = key.strip()
+                if key == "processor":
+                    cpu = int(val)
+                elif key == "physical id":
+                    phys = val.strip()
+                elif key == "core id":
+                    core = val.strip()
+                    if cpu in allowed:
+                        cores.add((phys, core))
+        return len(cores) or len(allowed)
+    except (OSError, ValueError, AttributeError):
+        return os.cpu_count() or 1
+
+
+def thread_label(threads: int | None) -> str:
+    from edgeocr.ort_options import cpu_session_config
+    spin = "no spinning" if cpu_session_config() else "spinning"
+    return (f"{threads} (--threads), {spin}" if threads else
+            f"{physical_cores()} (ONNX Runtime default: one per physical core), {spin}")
+
+
+def cpu_step_profile(model, last, threads: int | None, steps: int = 8) -> dict:
+    """ONNX Runtime's profiler over `steps` decode steps that continue `last` (the OCRResult of a run on slot 0,
+    whose cache rows are still in place), on a second, profiled decoder session over the same buffers.  Returns
+    the step's wall time, the time inside ONNX Runtime's CPU kernels (the share of the step they take; the
+    rest is the Python loop, bindings and the session's own overhead) and the op types that take most of it.
+    The first profiled step (the new session's warm-up) is left out."""
+    import tempfile
+
+    s = model.session
+    ort = s._ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    so.enable_profiling = True
+    from edgeocr.ort_options import cpu_session_config
+    for key, value in cpu_session_config().items():
+        so.add_session_config_entry(key, value)
+    if threads:
+        so.intra_op_num_threads = threads
+    tmp = tempfile.mkdtemp(prefix="edgeocr-profile-")
+    so.profile_file_prefix = os.path.join(tmp, "decoder")
+    art = model.artifact
+    plain = s.decoder
+    s.decoder = ort.InferenceSession(str(model.path / art.decoder.file), so, providers=["CPUExecutionProvider"])
+    s._bind_step()
+    walls = []
+    try:
+        n = s.slots
+        start = min(last.prompt_tokens + last.generated_tokens, art.cache_len - steps - 1)
+        token = np.full((n,), last.token_ids[-1] if last.token_ids else art.tokens.pad, np.int64)
+        live = np.zeros((n,), bool)
+        live[0] = True
+        for k in range(steps + 1):
+            pos = np.zeros((n,), np.int64)
+            pos[0] = start + k
+            t = time.perf_counter()
+            if s.selects:
+                s.step_tokens(token, pos, model.table_cos[pos], model.table_sin[pos], live)
+            else:
+                s.step(token, pos, model.table_cos[pos], model.table_sin[pos], live)
+            walls.append((time.perf_counter() - t) * 1e3)
+        trace = s.decoder.end_profiling()
+    finally:
+        s.decoder = plain
+        s._bind_step()
+    with open(trace) as f:
+        events = json.load(f)
+    import shutil
+    shutil.rmtree(tmp, ignore_errors=True)
+    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[1:]
+    t0 = runs[0]["ts"] if runs else 0
+    by_op: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and e["ts"] >= t0:
+            op = e.get("args", {}).get("op_name", "?")
+            by_op[op] = by_op.get(op, 0.0) + e["dur"] / 1e3
+    k = max(len(runs), 1)
+    step_ms = statistics.mean(walls[1:])
+    kernel_ms = sum(by_op.values()) / k
+    top = sorted(by_op.items(), key=lambda kv: -kv[1])[:6]
+    return {"steps": len(runs), "position": int(start + 1), "step_ms": step_ms,
+            "session_run_ms": statistics.mean(e["dur"] / 1e3 for e in runs) if runs else None,
+            "kernel_ms": kernel_ms, "kernel_share": kernel_ms / step_ms if step_ms else None,
+            "top_ops_ms": {op: ms / k for op, ms in top}}
 
 
 def _rss_mib() -> float:
@@ -129,6 +228,8 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
     live_kv = m.kv.bytes_per_token * (res.prompt_tokens + tokens / 2)
     floor = ((dec_bytes + live_kv) / (bw * 1e9) * 1e3) if bw else None
     per_tok = statistics.mean(steps) if steps else 0.0
+    prof = cpu_step_profile(model, res, threads) if device == "cpu" and model.session.name.startswith("onnxruntime") \
+        else None
     return BenchResult(
         backend=model.session.name, precision=m.precision, device_name=name, prompt_tokens=res.prompt_tokens,
         new_tokens=res.generated_tokens, load_ms=load_ms, preprocess_ms=t["load"] + t["preprocess"],
@@ -137,6 +238,7 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
         tokens_per_s=1e3 / per_tok if per_tok else 0.0, total_ms=t["total"], peak_rss_mib=_rss_mib(),
         peak_device_mib=peak_dev, kv_cache_mib=kv / 2**20, decoder_weight_mib=dec_bytes / 2**20,
         bandwidth_floor_ms=floor, step_copies=step_copies(m),
+        threads=thread_label(threads) if device == "cpu" else "", cpu_profile=prof,
         flavour=(f"attention {m.decoder.attention}, selection "
                  f"{'in graph' if model.session.selects else 'host'}, "
                  f"CUDA graph {'on' if getattr(model.session, 'cuda_graph', False) else 'off'}"),
@@ -213,6 +315,13 @@ def format_table(r: BenchResult, hf: dict | None = None) -> str:
         c = r.step_copies
         rows.append(("copies per step (H2D / D2H / cache D2D)",
                      f"{c['host_to_device']} B / {c['device_to_host']} B / {c['cache_rows_device_to_device']} B", ""))
+    if r.threads:
+        rows.insert(4, ("threads (intra-op)", r.threads, ""))
+    p = r.cpu_profile
+    if p:
+        rows.append(("ORT CPU kernels per step", f"{p['kernel_ms']:.2f} ms of a {p['step_ms']:.2f} ms step "
+                     f"({100 * p['kernel_share']:.0f} %), {p['steps']} profiled steps at position {p['position']}", ""))
+        rows.append(("  top ops", ", ".join(f"{op} {ms:.2f}" for op, ms in p["top_ops_ms"].items()) + " ms", ""))
     out = [f"{k:40s} {v}" for k, v, _ in rows]
     if hf:
         out.append(f"--- transformers generate ({hf['dtype']}, {hf['attn']}) on the same image and prompt")

@@ -10,9 +10,43 @@ import subprocess
 import sys
 
 
-def _line(ok: bool | None, what: str, detail: str) -> None:
-    mark = {True: "ok  ", False: "FAIL", None: "--  "}[ok]
+def _line(ok: bool | str | None, what: str, detail: str) -> None:
+    mark = {True: "ok  ", False: "FAIL", None: "--  ", "warn": "WARN"}[ok]
     print(f"[{mark}] {what:22s} {detail}")
+
+
+def device_fit(art, device: str) -> list[str]:
+    """Why `art` is a poor fit for ONNX Runtime on `device` ("cpu" | "cuda"), one sentence each; [] when it
+    fits.  The figures are the measured ones in docs/int8.md (which artifact on which device)."""
+    w8 = art.export.get("weight_int8") or {}
+    fused_cuda = bool(art.export.get("fusion", {}).get("cuda_only_ops"))
+    acts = w8.get("activations", art.precision)
+    cpu_fix = "for the CPU build `python -m quantize weight-int8 FP32_ARTIFACT OUT --target cpu`"
+    out = []
+    if device == "cpu":
+        if art.precision == "int8":
+            out.append("calibrated INT8 (Q/DQ) is made for TensorRT; ONNX Runtime's CPU provider runs it about 5x "
+                       f"slower per token than FP32 (demo model: 3.23 vs 0.66 ms); {cpu_fix}")
+        if w8 and w8.get("accuracy_level", 0) != 4:
+            out.append("its MatMulNBits weights are dequantized to floating point on every call on the CPU "
+                       f"(accuracy_level {w8.get('accuracy_level', 0)}): about 4x slower per token than FP32; "
+                       f"{cpu_fix}")
+        if acts == "fp16":
+            out.append("FP16 activations: ONNX Runtime's CPU provider computes them slowly; use an FP32-based artifact")
+        if fused_cuda:
+            out.append("fused for ONNX Runtime's CUDA provider: it does not load on the CPU; fuse the exported "
+                       "artifact with --target portable")
+        if art.decoder.attention == "masked":
+            out.append("masked decoder: every step attends over the whole static cache; export with "
+                       "--attention gqa for attention over the live length only")
+    elif device == "cuda":
+        if art.precision == "int8":
+            out.append("calibrated INT8 (Q/DQ) is made for TensorRT (`edgeocr build-engines`); ONNX Runtime's CUDA "
+                       "provider runs its Q/DQ pairs as separate kernels, slower than FP16")
+        if w8.get("target") == "cpu" or (art.precision != "int8" and acts == "fp32"):
+            out.append("FP32 activations (a CPU build or the FP32 export): on a GPU use the FP16 artifact or "
+                       "its `quantize weight-int8` (default target gpu)")
+    return out
 
 
 def doctor(artifact: str | None, remote: str | None) -> int:
@@ -55,8 +89,18 @@ def doctor(artifact: str | None, remote: str | None) -> int:
             total = sum(v["bytes"] for v in m.files.values())
             _line(True, "artifact", f"{artifact}: format {m.format_version}, {m.precision}, "
                                     f"{total / 2**20:.0f} MiB, KV cache {m.slots} x {m.cache_len} tokens")
-            if m.precision == "fp16" and "CUDAExecutionProvider" not in provs:
-                _line(None, "artifact/device", "FP16 artifact without CUDA: it runs on CPU, slowly")
+            if provs:
+                short = af.onnxruntime_shortfall(m, ort.__version__)
+                req = af.onnxruntime_requirement(m)["onnxruntime"]
+                if short:
+                    failures += 1
+                _line(not short, "artifact/onnxruntime", short or f"needs >= {req}, have {ort.__version__}")
+            device = "cuda" if "CUDAExecutionProvider" in provs and gpu else "cpu"
+            warnings = device_fit(m, device)
+            for w in warnings:
+                _line("warn", f"artifact on {device}", w)
+            if not warnings:
+                _line(True, f"artifact on {device}", "a good fit (docs/int8.md: which artifact on which device)")
         except EdgeOCRError as e:
             failures += 1
             _line(False, "artifact", str(e))

@@ -4,6 +4,7 @@
                                             [--rope-layout A|B] [--attention masked|gqa] [--select-on-device]
     python -m quantize int8 CHECKPOINT OUT [--calib DIR]       (calibrated W8A8, explicit Q/DQ)
     python -m quantize weight-int8 ARTIFACT OUT [--block-size 32] [--include-lm-head] [--decoder-only]
+                                                [--target gpu|cpu] [--bits 8|4]
     python -m quantize fuse ARTIFACT OUT [--target cuda|portable]
     python -m quantize reslot ARTIFACT OUT --slots N     (same graphs, another slot count; ONNX Runtime)
     python -m quantize tiny OUT [--config tiny-a|tiny-b] [--seed N]
@@ -108,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="also the (tied) lm_head, as a second INT8 copy of the embedding (slower on ORT 1.31 CUDA)")
     w.add_argument("--decoder-only", action="store_true",
                    help="keep the vision graph's weights as they are (by default they are stored in 8 bits too)")
+    w.add_argument("--target", choices=["gpu", "cpu"], default="gpu",
+                   help="cpu: from an FP32 artifact, lm_head included, integer accumulation (MatMulNBits "
+                        "accuracy_level 4), the flavour for ONNX Runtime's CPU provider (docs/int8.md)")
+    w.add_argument("--bits", type=int, choices=[8, 4], default=8, help="weight bits (4: smaller, less exact)")
     f = sub.add_parser("fuse", help="artifact -> the same artifact with fused ONNX Runtime graphs (fewer kernels "
                        "per decode step and per vision call; run before weight-int8)")
     f.add_argument("artifact", type=Path)
@@ -151,9 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "int8":
             _int8(args)
         elif args.cmd == "weight-int8":
-            from quantize.weight_int8 import build_weight_int8
-            _print_sizes(build_weight_int8(args.artifact, args.out, args.block_size, lm_head=args.include_lm_head,
-                                           vision=not args.decoder_only, progress=_progress), args.out)
+            from quantize.weight_int8 import build_cpu, build_weight_int8
+            if args.target == "cpu":
+                if args.include_lm_head or args.decoder_only:
+                    raise ValueError("--target cpu always includes the lm_head and the vision graph")
+                m = build_cpu(args.artifact, args.out, args.bits, args.block_size, progress=_progress)
+            else:
+                m = build_weight_int8(args.artifact, args.out, args.block_size, lm_head=args.include_lm_head,
+                                      vision=not args.decoder_only, progress=_progress, bits=args.bits)
+            _print_sizes(m, args.out)
         elif args.cmd == "reslot":
             from quantize.export import reslot
             m = reslot(args.artifact, args.out, args.slots)

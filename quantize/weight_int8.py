@@ -14,6 +14,15 @@ parameters, 0.8 GB in FP16) are stored the same way by default: the vision encod
 4,096 patches rather than by weight bytes, so this is for device memory (ONNX Runtime dequantizes each block of
 weights inside its kernels); `vision=False` keeps it as it is.  Fuse first (`python -m quantize.fuse`): the
 fusions match MatMul + bias patterns that MatMulNBits replaces.
+
+    python -m quantize weight-int8 ARTIFACT OUT --target cpu [--bits 8|4]
+
+The CPU flavour (`build_cpu`) starts from an FP32 artifact (fused `--target portable`, GroupQueryAttention
+decoder), quantizes the tied lm_head too (a quarter of the weight bytes a decode step reads) and sets
+MatMulNBits' `accuracy_level` to 4: ONNX Runtime's CPU kernels then quantize each activation row to 8 bits
+per block and accumulate in integers (AVX2 / AVX512-VNNI / ARM dot-product), instead of dequantizing the
+weights to FP32 on every call, which made the default 8-bit flavour 4x slower than FP32 on a CPU
+(docs/int8.md has the figures).
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from edgeocr import artifact as af
 log = logging.getLogger("quantize")
 
 PRECISION = "int8-weights"
+PRECISION_4 = "int4-weights"
+CPU_ACCURACY_LEVEL = 4      # MatMulNBits: 8-bit activations, integer accumulation
 
 
 def weight_first_matmuls(model) -> list[str]:
@@ -76,9 +87,11 @@ def weight_first_matmuls(model) -> list[str]:
     return done
 
 
-def quantize_matmuls(model, block_size: int, keep: list[str] = ()):
-    """Every MatMul with a constant 2-D weight (except the `keep` node names) -> MatMulNBits, 8 bits, symmetric
-    blocks of `block_size` inputs.  Returns (quantized ModelProto, MatMuls quantized, MatMuls eligible)."""
+def quantize_matmuls(model, block_size: int, keep: list[str] = (), bits: int = 8, accuracy_level: int | None = None):
+    """Every MatMul with a constant 2-D weight (except the `keep` node names) -> MatMulNBits, `bits` bits,
+    symmetric blocks of `block_size` inputs, computing at `accuracy_level` (None: the op's default, 0 = the
+    activations' own type; 4 = integer accumulation on 8-bit activations).  Returns (quantized ModelProto,
+    MatMuls quantized, MatMuls eligible)."""
     try:
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
     except ImportError as e:
@@ -88,17 +101,19 @@ def quantize_matmuls(model, block_size: int, keep: list[str] = ()):
     inits = {i.name for i in model.graph.initializer}
     eligible = sum(1 for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits and n.name not in keep)
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # a line per node
-    q = MatMulNBitsQuantizer(model, bits=8, block_size=block_size, is_symmetric=True, nodes_to_exclude=list(keep),
-                             op_types_to_quantize=("MatMul",))
+    q = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=True, nodes_to_exclude=list(keep),
+                             op_types_to_quantize=("MatMul",), accuracy_level=accuracy_level)
     q.process()
     qm = q.model.model
     return qm, sum(1 for n in qm.graph.node if n.op_type == "MatMulNBits"), eligible
 
 
 def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_head: bool = False,
-                      vision: bool = True, progress: Callable[[str], None] | None = None) -> af.Artifact:
-    """FP16 (or FP32) artifact -> the same artifact with the MatMul weights in 8-bit blocks: the decoder's and,
-    with `vision` (default), the vision encoder's.
+                      vision: bool = True, progress: Callable[[str], None] | None = None, bits: int = 8,
+                      accuracy_level: int | None = None, target: str = "gpu") -> af.Artifact:
+    """FP16 (or FP32) artifact -> the same artifact with the MatMul weights in `bits`-bit blocks (8 or 4): the
+    decoder's and, with `vision` (default), the vision encoder's.  `accuracy_level`: MatMulNBits' compute
+    type (see quantize_matmuls); `target` ("gpu" | "cpu") is recorded in the manifest for `edgeocr doctor`.
 
     The (tied) lm_head stays as it is unless `lm_head`: ONNX Runtime 1.31's CUDA MatMulNBits has no
     one-row kernel for its shape (vocabulary-wide output) and dequantizes the whole matrix every step
@@ -115,13 +130,20 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
     src = af.read(src_artifact)
     if src.precision not in ("fp16", "fp32"):
         raise ValueError(f"{src_artifact} is {src.precision}; weight-only INT8 starts from an FP16 or FP32 artifact")
+    if bits not in (4, 8):
+        raise ValueError(f"bits {bits}: MatMulNBits weights are 8 or 4 bits here")
+    if accuracy_level not in (None, 0, 1, 2, 3, 4):
+        raise ValueError(f"accuracy_level {accuracy_level}: MatMulNBits takes 0-4")
+    if target not in ("gpu", "cpu"):
+        raise ValueError(f"target {target!r}: 'gpu' or 'cpu'")
     if block_size < 16 or block_size & (block_size - 1):
         raise ValueError(f"block size {block_size}: must be a power of two >= 16 (MatMulNBits)")
     if out.resolve() == src_artifact.resolve():
         raise ValueError("OUT must differ from ARTIFACT")
     out.mkdir(parents=True, exist_ok=True)
-    info = {"op": "com.microsoft.MatMulNBits", "bits": 8, "block_size": block_size, "symmetric": True,
-            "activations": src.precision, "lm_head": lm_head, "graphs": {}}
+    info = {"op": "com.microsoft.MatMulNBits", "bits": bits, "block_size": block_size, "symmetric": True,
+            "activations": src.precision, "accuracy_level": accuracy_level or 0, "target": target,
+            "lm_head": lm_head, "graphs": {}}
     written = set()
     for graph in ("decoder", "vision") if vision else ("decoder",):
         g = getattr(src, graph).file
@@ -132,10 +154,10 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
                 say(f"decoder: {', '.join(flipped)} also stored as [in, out] for its MatMul (the tied lm_head)")
         # the RoPE rotate-half matrix is a +-1 permutation, not a weight: left exact
         keep = [n.name for n in model.graph.node if n.op_type == "MatMul" and "rope_rotate_half" in n.input[1]]
-        qm, done, eligible = quantize_matmuls(model, block_size, keep)
+        qm, done, eligible = quantize_matmuls(model, block_size, keep, bits, accuracy_level)
         if done == 0:
             raise ValueError(f"{src_artifact / g}: no MatMul with a constant weight to quantize")
-        say(f"{graph}: {done} of {eligible} MatMul weights stored as 8-bit blocks of {block_size}")
+        say(f"{graph}: {done} of {eligible} MatMul weights stored as {bits}-bit blocks of {block_size}")
         save_graph(qm, out / g)
         written |= {g, g + ".data"}
         info["graphs"][graph] = {"matmuls_quantized": done, "matmuls_total": eligible}
@@ -147,7 +169,8 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
     info.update(matmuls_quantized=dec["matmuls_quantized"], matmuls_total=dec["matmuls_total"],
                 seconds=round(time.perf_counter() - t0, 1))
     m = src.derive(
-        precision=PRECISION, source=dict(src.source, base_artifact=str(src_artifact.resolve())),
+        precision=PRECISION if bits == 8 else PRECISION_4,
+        source=dict(src.source, base_artifact=str(src_artifact.resolve())),
         vision=replace(src.vision, **_io(out / src.vision.file)),
         decoder=replace(src.decoder, **_io(out / src.decoder.file)),
         files=_file_table(out), export=dict(src.export, weight_int8=info))
@@ -155,3 +178,24 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
     total = sum(v["bytes"] for v in m.files.values())
     say(f"wrote {out} ({total / 2**20:.1f} MiB, {time.perf_counter() - t0:.0f} s)")
     return m
+
+
+def build_cpu(src_artifact: Path, out: Path, bits: int = 8, block_size: int = 32,
+              progress: Callable[[str], None] | None = None) -> af.Artifact:
+    """FP32 artifact -> the CPU flavour: every MatMul weight of both graphs, the tied lm_head included, in
+    `bits`-bit blocks computed with integer accumulation (accuracy_level 4).  The artifact should be the
+    GroupQueryAttention decoder (attention over the live length, cache written in place), fused with
+    `python -m quantize fuse --target portable`."""
+    src = af.read(Path(src_artifact))
+    if src.precision != "fp32":
+        raise ValueError(f"{src_artifact} is {src.precision}: the CPU flavour starts from an FP32 artifact "
+                         "(ONNX Runtime's CPU provider computes FP16 activations slowly and has no FP16 "
+                         "GroupQueryAttention); export with --precision fp32")
+    if src.export.get("fusion", {}).get("cuda_only_ops"):
+        raise ValueError(f"{src_artifact} was fused for CUDA; fuse the exported artifact with --target portable")
+    say = progress or (lambda s: log.info("%s", s))
+    if src.decoder.attention != "gqa":
+        say("note: masked decoder: each step attends over the whole static cache; export with --attention gqa "
+            "for attention over the live length only")
+    return build_weight_int8(src_artifact, out, block_size=block_size, lm_head=True, vision=True, progress=progress,
+                             bits=bits, accuracy_level=CPU_ACCURACY_LEVEL, target="cpu")

@@ -7,6 +7,9 @@
 #   scripts/llamacpp_bench.sh                               on a CUDA machine: build, convert, bench
 #   scripts/llamacpp_bench.sh --cpu                         the same with a CPU build (checks the script; with
 #                                                           CKPT=a small checkpoint, DEPTH=64 N_TOKENS=8 it runs in minutes)
+#                                                           NATIVE=ON: built for this CPU (AVX512 where it has it);
+#                                                           THREADS=N: -t N for every tool; POLL=0: no busy
+#                                                           polling (--poll 0); MTMD_RUNS (default 3)
 #
 # On a CUDA machine: builds llama-bench and llama-mtmd-cli with -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
 # (JOBS parallel jobs, default all cores), converts the checkpoint (CKPT; made with quantize.realsize when absent)
@@ -58,7 +61,9 @@ timed_to() { local name=$1 file=$2; shift 2; local t=$(date +%s); say "-- $name"
   [ $rc = 0 ] || say "   $name failed (rc $rc), see llamacpp.log"; return $rc; }
 
 [ -f "$SRC/CMakeLists.txt" ] || { say "error: no llama.cpp source at $SRC (LLAMA_SRC); see 'prepare'"; exit 2; }
-if [ $MODE = gpu ]; then CUDA="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"; NGL=99; else CUDA="-DGGML_NATIVE=OFF"; NGL=0; fi
+if [ $MODE = gpu ]; then CUDA="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"; NGL=99; else CUDA="-DGGML_NATIVE=${NATIVE:-OFF}"; NGL=0; fi
+TH=(); [ -n "${THREADS:-}" ] && TH=(-t "$THREADS")
+[ -n "${POLL:-}" ] && TH+=(--poll "$POLL")
 
 # 1. build
 timed configure cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release $CUDA -DLLAMA_BUILD_TESTS=OFF \
@@ -77,13 +82,13 @@ done
 # 3. bench: decode at edgeocr's prompt depth, a 1,093-token prompt, and image encoding through mtmd
 N=${N_TOKENS:-256}; DEPTH=${DEPTH:-1093}     # edgeocr's prompt for one page: 1,093 tokens
 timed_to bench_decode "$R/decode.json" "$BIN/llama-bench" -m "$GG/text-f16.gguf" -m "$GG/text-q8_0.gguf" -n $N \
-  -d $DEPTH -p 0 -ngl $NGL -fa 1 -o json
+  -d $DEPTH -p 0 -ngl $NGL -fa 1 "${TH[@]}" -o json
 timed_to bench_prompt "$R/prompt.json" "$BIN/llama-bench" -m "$GG/text-f16.gguf" -m "$GG/text-q8_0.gguf" -p $DEPTH \
-  -n 0 -ngl $NGL -fa 1 -o json
+  -n 0 -ngl $NGL -fa 1 "${TH[@]}" -o json
 # the random-weight checkpoint has no chat template: llama.cpp's built-in HunyuanVL one
-for k in 1 2 3; do
+for k in $(seq 1 "${MTMD_RUNS:-3}"); do
   timed mtmd_$k "$BIN/llama-mtmd-cli" -m "$GG/text-f16.gguf" --mmproj "$GG/mmproj-f16.gguf" --image "$IMG" \
-    -p "Extract the text in the image." -n 1 -ngl $NGL --temp 0 -c 4096 --chat-template hunyuan-vl -lv 4
+    -p "Extract the text in the image." -n 1 -ngl $NGL --temp 0 -c 4096 --chat-template hunyuan-vl -lv 4 "${TH[@]}"
 done
 
 # 4. one JSON

@@ -48,7 +48,13 @@ def available_providers() -> list[str]:
 
 def open_ort_session(path: Path, art: Artifact, device: str = "cpu", threads: int | None = None,
                      cuda_graph: bool | None = None) -> "OrtSession":
-    """The session class for the artifact's decoder flavour."""
+    """The session class for the artifact's decoder flavour.  Refuses at once an ONNX Runtime older than the
+    one the artifact's graphs need (its manifest says which)."""
+    from edgeocr.artifact import onnxruntime_shortfall
+
+    short = onnxruntime_shortfall(art, _ort().__version__)
+    if short:
+        raise BackendError(f"{path}: {short}")
     cls = {"masked": MaskedSession, "gqa": GqaSession}.get(art.decoder.attention)
     if cls is None:
         raise ArtifactError(f"{path}: unknown decoder attention {art.decoder.attention!r}")
@@ -85,6 +91,10 @@ class OrtSession:
         so.log_severity_level = 3
         if threads:
             so.intra_op_num_threads = threads
+        if device == "cpu":
+            from edgeocr.ort_options import cpu_session_config
+            for key, value in cpu_session_config().items():
+                so.add_session_config_entry(key, value)
         try:
             self.vision = ort.InferenceSession(str(path / art.vision.file), so, providers=providers)
             self.decoder = ort.InferenceSession(str(path / art.decoder.file), so, providers=dec_providers)
