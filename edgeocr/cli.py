@@ -375,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     add_check_arguments(c)
     tk = sub.add_parser("tasks", help="list the official task prompts")
     tk.add_argument("--lang", choices=["zh", "en"], default="zh", help="prompt language (default zh)")
-    tb = sub.add_parser("build-engines", help="build TensorRT engines for an artifact, on the target device")
+    tb = sub.add_parser("build-engines", help="build TensorRT engines for an artifact, on the target device "
+                        "(experimental: the session that runs them has not yet run on a GPU)")
     tb.add_argument("artifact", help="artifact directory (masked attention; FP16, or INT8 with Q/DQ)")
     tb.add_argument("--flavour", choices=["auto", "tensorrt", "tensorrt_rtx"], default="auto",
                     help="full TensorRT (JetPack, x86) or TensorRT-RTX (RTX cards); auto tries them in that order")
