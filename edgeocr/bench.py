@@ -1,6 +1,8 @@
-"""`edgeocr bench`: per-stage timings, tokens/s, peak memory, and the same job on transformers.
+"""`edgeocr bench`: per-stage timings, tokens/s, peak memory.
 
-Fixed-output-length mode (stop ids and the repetition stop ignored) makes runs comparable.
+Fixed-output-length mode (stop ids and the repetition stop ignored) makes runs comparable.  The same job on
+transformers is the toolchain's (`python -m quantize bench-hf`, quantize.compare): it calls `bench` /
+`bench_pages` here and prints its figures beside these with `format_table` / `format_pages`.
 """
 
 from __future__ import annotations
@@ -245,57 +247,6 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
         preprocess=preprocess)
 
 
-def bench_transformers(checkpoint: str | Path, image, tokens: int, task: str = "spotting",
-                       attn: str = "sdpa", dtype: str = "bfloat16") -> dict:
-    """transformers `generate` on the same letterboxed image and prompt ids, same number of tokens."""
-    import torch
-    from transformers import LogitsProcessor, LogitsProcessorList
-
-    from quantize.reference import TransformersRunner
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    runner = TransformersRunner(str(checkpoint), dev, attn=attn, dtype=dtype)
-    hf = runner.model
-    inputs, _ = runner.inputs(image, task)
-    ii = inputs["input_ids"]
-
-    class Clock(LogitsProcessor):
-        """Called once per generated token, before it is chosen: a timestamp per step of one generate call
-        (synchronized on CUDA), so first-token and per-token times come from the same run."""
-
-        def __init__(self):
-            self.t: list[float] = []
-
-        def __call__(self, input_ids, scores):
-            if dev == "cuda":
-                torch.cuda.synchronize()
-            self.t.append(time.perf_counter())
-            return scores
-
-    def run(n):
-        clock = Clock()
-        if dev == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        with torch.no_grad():
-            out = hf.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                              repetition_penalty=runner.penalty, eos_token_id=None, pad_token_id=0,
-                              logits_processor=LogitsProcessorList([clock]))
-        if dev == "cuda":
-            torch.cuda.synchronize()
-        end = time.perf_counter()
-        return t, end, clock.t, out.shape[1] - ii.shape[1]
-
-    run(2)  # warm-up
-    if dev == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    start, end, steps, n = run(tokens)
-    peak = torch.cuda.max_memory_allocated() / 2**20 if dev == "cuda" else None
-    return {"attn": attn, "dtype": dtype, "first_token_ms": (steps[0] - start) * 1e3, "total_ms": (end - start) * 1e3,
-            "new_tokens": n, "decode_ms_per_token": (steps[-1] - steps[0]) * 1e3 / max(len(steps) - 1, 1),
-            "peak_device_mib": peak}
-
-
 def format_table(r: BenchResult, hf: dict | None = None) -> str:
     rows = [("backend", r.backend, ""), ("precision", r.precision, ""), ("device", r.device_name, ""),
             ("decoder flavour", r.flavour, ""),
@@ -419,54 +370,6 @@ class _Timed:
         if busy == self.slots:
             self.full_steps.append(dt)
         return events
-
-
-def bench_transformers_pages(checkpoint: str | Path, images: list, tokens: int, batch: int, task: str = "spotting",
-                             attn: str = "sdpa", dtype: str = "bfloat16") -> dict:
-    """transformers batched `generate` (left padding where prompts differ) on the same pages and prompt,
-    `batch` pages per call, exactly `tokens` new tokens each."""
-    import torch
-
-    from quantize.reference import TransformersRunner, inputs
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    runner = TransformersRunner(str(checkpoint), dev, attn=attn, dtype=dtype)
-    hf = runner.model
-    runner.model.generation_config.pad_token_id = runner.stop_ids[0]
-
-    def batch_inputs(imgs):
-        per = [runner.page(im, task) for im in imgs]
-        ids = [list(p[1]) for p in per]
-        width = max(map(len, ids))
-        pad = runner.stop_ids[0]
-        padded = np.array([[pad] * (width - len(i)) + i for i in ids], np.int64)       # left padding
-        x = inputs(hf, np.concatenate([p[0] for p in per]), padded)
-        x["attention_mask"] = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids], device=hf.device)
-        return x
-
-    def run(imgs):
-        x = batch_inputs(imgs)
-        with torch.no_grad():
-            out = hf.generate(**x, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
-                              repetition_penalty=runner.penalty, eos_token_id=None)
-        return out.shape[1] - x["input_ids"].shape[1]
-
-    run(images[:1])      # warm-up
-    if dev == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    n = 0
-    for i in range(0, len(images), batch):
-        chunk = images[i:i + batch]
-        assert run(chunk) == tokens
-        n += len(chunk)
-    if dev == "cuda":
-        torch.cuda.synchronize()
-    wall = time.perf_counter() - t0
-    return {"attn": attn, "dtype": dtype, "batch": batch, "pages": n, "new_tokens_per_page": tokens, "wall_s": wall,
-            "pages_per_s": n / wall, "tokens_per_s": n * tokens / wall,
-            "peak_device_mib": torch.cuda.max_memory_allocated() / 2**20 if dev == "cuda" else None}
 
 
 def format_pages(r: dict, hf: dict | None = None) -> str:

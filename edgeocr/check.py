@@ -42,26 +42,25 @@ TRUNCATED = (FinishReason.LENGTH, FinishReason.CACHE_FULL)
 
 
 class Runner:
-    """One side of the comparison: an artifact on a backend/device, or the transformers reference."""
+    """One side of the comparison: an artifact on a backend/device.  Another implementation (the transformers
+    reference of `python -m quantize compare`) is a runner with the same `label`, `identity` and `run`, made by
+    the `open_runner` handed to `run_check`."""
 
     def __init__(self, spec: str, device: str = "cpu", threads: int | None = None):
-        self.spec = spec
         if spec.startswith("hf:"):
-            from quantize.reference import TransformersRunner
-            self.impl = TransformersRunner(spec[3:], device)
-            self.label = f"transformers:{Path(spec[3:]).name}"
-            self.identity = "hf:" + _hash_dir_files(Path(spec[3:]), ("config.json",))
-        else:
-            from edgeocr.model import OCRModel
-            self.impl = OCRModel(spec, device=device, threads=threads)
-            self.label = f"{Path(spec).name} ({self.impl.artifact.precision}, {self.impl.session.name})"
-            self.identity = _hash_dir_files(Path(spec), ("manifest.json",)) + ":" + device
+            raise EdgeOCRError(f"{spec!r} names a transformers checkpoint, which the runtime does not run: "
+                               "compare against it with `python -m quantize compare` (same arguments)")
+        from edgeocr.model import OCRModel
+        self.spec = spec
+        self.impl = OCRModel(spec, device=device, threads=threads)
+        self.label = f"{Path(spec).name} ({self.impl.artifact.precision}, {self.impl.session.name})"
+        self.identity = hash_dir_files(Path(spec), ("manifest.json",)) + ":" + device
 
     def run(self, image, task, prompt, lang, opts):
         return self.impl.recognize(image, task=task, prompt=prompt, lang=lang, options=opts)
 
 
-def _hash_dir_files(d: Path, names) -> str:
+def hash_dir_files(d: Path, names) -> str:
     h = hashlib.sha256()
     for n in names:
         p = d / n
@@ -265,11 +264,13 @@ def check_gates(s: dict, g: Gates) -> list[str]:
 def run_check(reference: str, candidate: str, data: str, out: Path, task: str = prompts.DEFAULT_TASK,
               lang: str = "zh", max_new_tokens: int = 512, gates: Gates = Gates(), resume: bool = True,
               reference_device: str = "cpu", candidate_device: str = "cpu", limit: int | None = None,
-              threads: int | None = None, progress=None, max_pixels: int | None = None) -> tuple[int, dict]:
+              threads: int | None = None, progress=None, max_pixels: int | None = None,
+              open_runner=Runner) -> tuple[int, dict]:
+    """open_runner(spec, device, threads) -> a runner for each side (default: artifacts only)."""
     if task != FIELDS_TASK and task not in prompts.TASKS_ZH:
         raise EdgeOCRError(f"unknown task {task!r}")
     samples = load_dir(data)[:limit] if limit else load_dir(data)
-    ref, cand = Runner(reference, reference_device, threads), Runner(candidate, candidate_device, threads)
+    ref, cand = open_runner(reference, reference_device, threads), open_runner(candidate, candidate_device, threads)
     opts = DecodeOptions(max_new_tokens=max_new_tokens)
     meta = {"reference": ref.label, "candidate": cand.label, "data": str(data), "task": task, "lang": lang,
             "max_new_tokens": max_new_tokens, "key": f"{ref.identity}|{cand.identity}|{task}|{lang}|{max_new_tokens}"}
@@ -310,8 +311,9 @@ def run_check(reference: str, candidate: str, data: str, out: Path, task: str = 
 
 
 def add_arguments(ap) -> None:
-    ap.add_argument("--reference", required=True, help="artifact directory, or hf:CHECKPOINT for transformers")
-    ap.add_argument("--candidate", required=True, help="artifact directory, or hf:CHECKPOINT")
+    ap.add_argument("--reference", required=True,
+                    help="artifact directory (python -m quantize compare also takes hf:CHECKPOINT for transformers)")
+    ap.add_argument("--candidate", required=True, help="artifact directory (or hf:CHECKPOINT, as --reference)")
     ap.add_argument("--data", required=True, help="image directory with optional labels.jsonl / labels.csv")
     ap.add_argument("--task", default=prompts.DEFAULT_TASK,
                     help=f"official task, or '{FIELDS_TASK}' to ask for the labelled fields as JSON (default %(default)s)")
@@ -332,7 +334,7 @@ def add_arguments(ap) -> None:
                          f"default {preprocess.DEFAULT_MAX_PIXELS:,})")
 
 
-def main(args) -> int:
+def main(args, open_runner=Runner) -> int:
     tty = sys.stderr.isatty()
 
     def progress(i, n, name, page, dt):
@@ -347,7 +349,7 @@ def main(args) -> int:
         code, summary = run_check(args.reference, args.candidate, args.data, Path(args.out), args.task, args.lang,
                                   args.max_new_tokens, Gates(args.max_cer_increase, args.min_agreement),
                                   not args.no_resume, args.reference_device, args.candidate_device, args.limit,
-                                  args.threads, progress, args.max_pixels)
+                                  args.threads, progress, args.max_pixels, open_runner)
     except EdgeOCRError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR

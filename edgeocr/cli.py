@@ -259,27 +259,20 @@ def _bench(args) -> int:
             r = bench.bench_pages(args.artifact, images, device=args.device, tokens=args.tokens, task=args.task,
                                   preprocess=args.preprocess,
                                   threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph])
-            hf = None
-            if args.compare_transformers:
-                hf = bench.bench_transformers_pages(args.compare_transformers, images[:args.transformers_pages or None],
-                                                    args.tokens, r["slots"], args.task)
-            print(bench.format_pages(r, hf))
+            print(bench.format_pages(r))
             if args.json:
-                Path(args.json).write_text(json.dumps({"edgeocr": r, "transformers": hf}, indent=2))
+                Path(args.json).write_text(json.dumps({"edgeocr": r, "transformers": None}, indent=2))
             return EXIT_OK
         image = args.image or bench.synthetic_page()
         r = bench.bench(args.artifact, image, device=args.device, tokens=args.tokens, repeats=args.repeats,
                         preprocess=args.preprocess,
                         task=args.task, threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph])
-        hf = None
-        if args.compare_transformers:
-            hf = bench.bench_transformers(args.compare_transformers, image, args.tokens, args.task)
     except EdgeOCRError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
-    print(bench.format_table(r, hf))
+    print(bench.format_table(r))
     if args.json:
-        Path(args.json).write_text(bench.to_json(r, hf))
+        Path(args.json).write_text(bench.to_json(r))
     return EXIT_OK
 
 
@@ -361,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("artifact", nargs="?", help="artifact directory to check")
     d.add_argument("--remote", default=os.environ.get("EDGEOCR_REMOTE", "unix:/run/edgeocr/edgeocr.sock"),
                    help="daemon address to probe")
-    b = sub.add_parser("bench", help="per-stage timings, tokens/s and memory (fixed output length)")
+    b = sub.add_parser("bench", help="per-stage timings, tokens/s and memory (fixed output length)",
+                       description="The same job on transformers, with ratios: python -m quantize bench-hf.")
     b.add_argument("artifact", help="artifact directory")
     b.add_argument("--image", help="image to use (default: a built-in synthetic page)")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -371,21 +365,18 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--threads", type=int, default=None)
     _graph_arg(b)
     _preprocess_arg(b)
-    b.add_argument("--compare-transformers", metavar="CHECKPOINT",
-                   help="also run transformers generate (bf16, sdpa) on this checkpoint and print ratios")
     b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     b.add_argument("--pages", type=int, default=0, metavar="K",
                    help="many-pages mode: K pages through the artifact's slots (continuous batching); pages/s, "
                         "tokens/s and the decode step time with every slot busy")
-    b.add_argument("--transformers-pages", type=int, default=0, metavar="K",
-                   help="with --pages and --compare-transformers: time transformers on the first K pages only")
     c = sub.add_parser("check", help="compare two artifacts/backends page by page (e.g. FP16 vs INT8)",
                        description="Exit codes: 0 gates hold, 3 a gate failed, 1 error, 2 usage.")
     from edgeocr.check import add_arguments as add_check_arguments
     add_check_arguments(c)
     tk = sub.add_parser("tasks", help="list the official task prompts")
     tk.add_argument("--lang", choices=["zh", "en"], default="zh", help="prompt language (default zh)")
-    tb = sub.add_parser("build-engines", help="build TensorRT engines for an artifact, on the target device")
+    tb = sub.add_parser("build-engines", help="build TensorRT engines for an artifact, on the target device "
+                        "(experimental: the session that runs them has not yet run on a GPU)")
     tb.add_argument("artifact", help="artifact directory (masked attention; FP16, or INT8 with Q/DQ)")
     tb.add_argument("--flavour", choices=["auto", "tensorrt", "tensorrt_rtx"], default="auto",
                     help="full TensorRT (JetPack, x86) or TensorRT-RTX (RTX cards); auto tries them in that order")

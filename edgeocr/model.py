@@ -36,9 +36,10 @@ def open_session(path: Path, art: af.Artifact, backend: str, device: str, thread
         from edgeocr.backends.ort import open_ort_session
         return open_ort_session(path, art, device=device, threads=threads, cuda_graph=cuda_graph)
     if backend in ("tensorrt", "tensorrt_rtx"):
+        from edgeocr.backends.tensorrt import EXPERIMENTAL, TrtSession
+        log.warning(EXPERIMENTAL)
         if device != "cuda":
             raise BackendError("the TensorRT backend runs on a GPU: use device='cuda'")
-        from edgeocr.backends.tensorrt import TrtSession
         return TrtSession(path, art, flavour="auto" if backend == "tensorrt" else backend)
     raise BackendError(f"unknown backend {backend!r}; use 'onnxruntime' or 'tensorrt'")
 

@@ -11,6 +11,9 @@
     python -m quantize train ...       (the demo model's trainer: python -m quantize train --help)
     python -m quantize docgen ...      (the synthetic business-document generator)
     python -m quantize htmldocs OUT --count N --seed S [--workers W]   (HTML/CSS documents via headless Chromium)
+    python -m quantize compare --reference hf:CHECKPOINT --candidate ARTIFACT --data DIR ...   (edgeocr check
+                                                                     with transformers as a side)
+    python -m quantize bench-hf ARTIFACT CHECKPOINT [--pages K] ...  (edgeocr bench beside transformers generate)
 """
 
 from __future__ import annotations
@@ -135,8 +138,15 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     sub.add_parser("htmldocs", help="render HTML/CSS business documents and reading pages in headless Chromium "
                    "(python -m quantize htmldocs --help)", add_help=False)
+    sub.add_parser("compare", help="edgeocr check where a side may be hf:CHECKPOINT (transformers) "
+                   "(python -m quantize compare --help)", add_help=False)
+    sub.add_parser("bench-hf", help="edgeocr bench beside transformers generate on the same job, with ratios "
+                   "(python -m quantize bench-hf --help)", add_help=False)
     ap.add_argument("-v", "--verbose", action="store_true")
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("compare", "bench-hf"):
+        from quantize import compare
+        return (compare.compare_main if argv[0] == "compare" else compare.bench_main)(argv[1:])
     if argv and argv[0] in ("train", "docgen", "htmldocs"):          # their own argument parsers
         if argv[0] == "train":
             from quantize.train import main as train_main

@@ -1,5 +1,5 @@
-"""The transformers implementation as the reference side of `edgeocr check hf:CKPT`, `edgeocr bench
---compare-transformers` and the parity tests (toolchain: needs the [export] extra, torch and transformers).
+"""The transformers implementation as the reference side of `python -m quantize compare` / `bench-hf`
+(quantize.compare) and the parity tests (toolchain: needs the [export] extra, torch and transformers).
 
 Driven with exactly the runtime's inputs: the same letterboxed canvas, prompt ids and decoding contract
 (greedy, repetition penalty, the checkpoint's stop ids, read by quantize.checkpoint like the exporter does),

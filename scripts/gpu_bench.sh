@@ -5,7 +5,7 @@
 #   2. the real-size architecture on random weights, exported FP16 (gqa + selection in the graph, CUDA graph),
 #      fused for CUDA (quantize fuse; ops the probe rejected are left out), and weight-INT8 of the fused
 #      artifact (decoder and vision MatMuls as MatMulNBits); the decoder's op counts before/after (nodes.json)
-#   3. `edgeocr bench` of fused FP16 (with --compare-transformers) and fused weight-INT8 on the eval page
+#   3. `edgeocr bench` of fused FP16 (`python -m quantize bench-hf`: beside transformers) and fused weight-INT8 on the eval page
 #      (1,093-token prompt, decode per token at that depth; first token from the file on the default
 #      preprocessing path, device on CUDA, and from pixels), the kernel count per decode step (gpu_profile.py),
 #      device memory after two pages of $TOKENS tokens (runtime settings), time to first token per
@@ -98,8 +98,9 @@ json.dump(out, open(sys.argv[1], "w"), indent=1); print({k: v for k, v in out.it
 EOF
 
 # 3. the fused flavours
-bench() { local name=$1 art=$2; shift 2
-  step bench_$name $PY -m edgeocr bench $art --device $DEV --tokens $TOKENS --repeats 2 $GRAPH --image "$IMG" \
+bench() { local name=$1 art=$2 cmd="-m edgeocr bench $2"; shift 2
+  [ "${1:-}" = hf ] && { cmd="-m quantize bench-hf $art $CKPT"; shift; }    # beside transformers generate
+  step bench_$name $PY $cmd --device $DEV --tokens $TOKENS --repeats 2 $GRAPH --image "$IMG" \
     --json "$R/bench_$name.json" "$@" && $PY - "$R/bench_$name.json" "$name" >> "$OUT/bench.txt" <<'EOF'
 import json, sys
 from edgeocr.bench import BenchResult, format_table
@@ -118,7 +119,7 @@ for s in d['stages']:
 print()" >> "$OUT/profile.txt"
 }
 : > "$OUT/bench.txt"; : > "$OUT/profile.txt"
-COMPARE=""; [ $MODE = gpu ] && COMPARE="--compare-transformers $CKPT"
+COMPARE=""; [ $MODE = gpu ] && COMPARE=hf
 bench fp16_fused $W/fused $COMPARE
 bench w8_fused $W/w8-fused
 profile fp16_fused $W/fused

@@ -15,8 +15,8 @@ PAGES=${PAGES:-64}; TOKENS=${TOKENS:-256}; SLOTS=${SLOTS:-1 4 8 16}
 for n in $SLOTS; do
   python3 -m quantize reslot $W/real-fp16-gqa $W/slots$n --slots $n 2>&1 | tail -1
   tp=$(( 2 * n < 4 ? 4 : 2 * n ))
-  python3 -m edgeocr bench $W/slots$n --device cuda --pages $PAGES --tokens $TOKENS --task structured_parse \
-      --compare-transformers $W/real-ckpt --transformers-pages $tp --json "$OUT/slots_$n.json" 2>&1 \
+  python3 -m quantize bench-hf $W/slots$n $W/real-ckpt --device cuda --pages $PAGES --tokens $TOKENS \
+      --task structured_parse --transformers-pages $tp --json "$OUT/slots_$n.json" 2>&1 \
       | grep -v "Loading weights" | tee -a "$OUT/slots_bench.log"
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/slots_bench.log"

@@ -1,4 +1,4 @@
-"""`edgeocr bench` on CPU with a tiny artifact, so the benchmark cannot rot."""
+"""`edgeocr bench` and `python -m quantize bench-hf` on CPU with a tiny artifact, so the benchmark cannot rot."""
 
 from __future__ import annotations
 
@@ -8,9 +8,17 @@ import sys
 
 
 def test_bench_cpu_with_transformers_comparison(art_a, ckpt_a, tmp_path):
+    """`edgeocr bench` alone (the runtime, no transformers), then `python -m quantize bench-hf`: the same
+    figures beside transformers generate on the same image and prompt, with ratios."""
+    out = tmp_path / "e.json"
+    r = subprocess.run([sys.executable, "-m", "edgeocr", "bench", str(art_a), "--tokens", "4", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    j = json.loads(out.read_text())
+    assert j["edgeocr"]["new_tokens"] == 4 and j["transformers"] is None and "x)" not in r.stdout
     out = tmp_path / "b.json"
-    r = subprocess.run([sys.executable, "-m", "edgeocr", "bench", str(art_a), "--tokens", "12", "--json", str(out),
-                        "--compare-transformers", str(ckpt_a)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "quantize", "bench-hf", str(art_a), str(ckpt_a), "--tokens", "12",
+                        "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     j = json.loads(out.read_text())
     e = j["edgeocr"]
@@ -25,13 +33,14 @@ def test_bench_cpu_with_transformers_comparison(art_a, ckpt_a, tmp_path):
 
 
 def test_bench_pages_with_transformers_batched(ckpt_a, tmp_path):
-    """`edgeocr bench --pages K` on a 3-slot artifact: K pages x N tokens, pages/s and the all-busy step time,
-    and transformers' batched generate (batch = slots) on the same pages in the same run."""
+    """`python -m quantize bench-hf --pages K` on a 3-slot artifact: K pages x N tokens through edgeocr's slots,
+    pages/s and the all-busy step time, and transformers' batched generate (batch = slots) on the same pages in
+    the same run."""
     from conftest import _export
     art = _export(ckpt_a, tmp_path / "s3", slots=3, attention="gqa", select_on_device=True)
     out = tmp_path / "p.json"
-    r = subprocess.run([sys.executable, "-m", "edgeocr", "bench", str(art), "--pages", "5", "--tokens", "6",
-                        "--json", str(out), "--compare-transformers", str(ckpt_a), "--transformers-pages", "3"],
+    r = subprocess.run([sys.executable, "-m", "quantize", "bench-hf", str(art), str(ckpt_a), "--pages", "5",
+                        "--tokens", "6", "--json", str(out), "--transformers-pages", "3"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     j = json.loads(out.read_text())
@@ -41,6 +50,12 @@ def test_bench_pages_with_transformers_batched(ckpt_a, tmp_path):
     assert abs(e["tokens_per_s"] - 6 * e["pages_per_s"]) < 1e-6 * e["tokens_per_s"]
     assert hf["batch"] == 3 and hf["pages"] == 3 and hf["pages_per_s"] > 0
     assert "pages/s" in r.stdout and "x" in r.stdout.splitlines()[-1]
+
+
+def test_bench_hf_names_a_missing_checkpoint(art_a, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "quantize", "bench-hf", str(art_a), str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no config.json" in r.stderr and str(tmp_path) in r.stderr
 
 
 def test_preprocess_defaults_to_the_device_path_on_cuda(monkeypatch):

@@ -183,3 +183,24 @@ def test_format_pages_puts_truth_beside_each_side_with_cer():
     assert lines[5] == "  error  b.jpg: truncated"
     assert lines[6] == "FP32     mean CER 25.0% (no whitespace 20.0%); 2.00 ms/token, 100 ms/page"
     assert lines[-1] == "1 page(s) could not be read"
+
+
+def test_transformers_side_is_the_toolchains(art_a, ckpt_a, tmp_path):
+    """`edgeocr check` runs artifacts only and says where hf:CHECKPOINT went; `python -m quantize compare` takes
+    it as a side (same reports): on the tiny model in FP32 both sides pick the same tokens."""
+    from pathlib import Path
+    data = Path(__file__).resolve().parents[1] / "calibration_data" / "eval"
+    out = tmp_path / "hf"
+    args = ["--reference", f"hf:{ckpt_a}", "--candidate", str(art_a), "--data", str(data), "--limit", "2",
+            "--max-new-tokens", "4", "--out", str(out)]
+    r = _check(*args)
+    assert r.returncode == 1 and "python -m quantize compare" in r.stderr and "hf:" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "quantize", "compare", *args, "--min-agreement", "1"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(out.with_suffix(".json").read_text())
+    assert rep["meta"]["reference"] == f"transformers:{ckpt_a.name}" and rep["summary"]["pages"] == 2
+    assert rep["summary"]["exact_agreement"] == 1.0
+    r = subprocess.run([sys.executable, "-m", "quantize", "compare", *args[:1], f"hf:{tmp_path}", *args[2:]],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and "no config.json" in r.stderr

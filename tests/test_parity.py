@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from conftest import make_image
-from edgeocr import preprocess, prompts
+from edgeocr import decode, preprocess, prompts, rope
 from edgeocr.decode import DecodeOptions
 from edgeocr.model import OCRModel
 
@@ -188,3 +189,44 @@ def test_streaming_equals_batch(models):
     cb = model.recognize(image, task="structured_parse", options=DecodeOptions(max_new_tokens=8),
                          on_token=lambda t, d: seen.append(t))
     assert seen == cb.token_ids == batch.token_ids
+
+
+# ------------------------------------------------- pure functions against their transformers counterparts
+def test_position_ids_match_transformers_get_rope_index(ckpt_a):
+    hf = ref.load(ckpt_a)
+    cfg = hf.config
+    img = cfg.image_token_id
+    # grid (1, 4, 6) -> 2x3 merged grid + newline column -> 8 grid tokens + begin/end = 10 slots
+    ids = torch.tensor([[1, 2, 3] + [img] * 10 + [4, 5, 6, 7]])
+    pos, _ = hf.model.get_rope_index(ids, (ids == img).int(), torch.tensor([[1, 4, 6]]))
+    ours = rope.position_ids(ids.shape[1], 3, (4, 6), 2)
+    np.testing.assert_array_equal(ours, pos[:, 0].numpy())
+    # spec §4.2 worked example (axis w)
+    assert ours[1, 3:13].tolist() == [3, 0, 1, 2, 3, 0, 1, 2, 3, 12]
+
+
+def test_cos_sin_match_transformers_rotary(ckpt_a):
+    hf = ref.load(ckpt_a)
+    tc = hf.config.text_config
+    rot = hf.model.language_model.rotary_emb
+    pos = rope.position_ids(40, 5, (8, 8), 2)
+    cos_ref, sin_ref = rot(torch.zeros(1, dtype=torch.float32), torch.from_numpy(pos)[:, None, :])
+    freqs = rope.inv_freq(tc.head_dim, tc.rope_parameters["rope_theta"], tc.rope_parameters["alpha"])
+    np.testing.assert_allclose(freqs, rot.inv_freq.numpy(), rtol=1e-6)
+    cos, sin = rope.cos_sin(pos, freqs, tuple(tc.rope_parameters["mrope_section"]), "B")
+    np.testing.assert_allclose(cos, cos_ref[0].numpy(), atol=1e-5)
+    np.testing.assert_allclose(sin, sin_ref[0].numpy(), atol=1e-5)
+
+
+def test_repetition_penalty_matches_hf_processor():
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(50).astype(np.float32) * 3
+    ids = np.array([3, 7, 7, 11, 49, 0])
+    ours = decode.RepetitionPenalty(50, 1.08, ids)(logits.copy())
+    theirs = RepetitionPenaltyLogitsProcessor(1.08)(torch.from_numpy(ids)[None], torch.from_numpy(logits)[None])
+    np.testing.assert_allclose(ours, theirs[0].numpy(), rtol=1e-6)
+    rp = decode.RepetitionPenalty(50, 1.08, ids)
+    rp.add(20)
+    rp.add(20)
+    assert sorted(rp.ids.tolist()) == [0, 3, 7, 11, 20, 49]

@@ -179,7 +179,7 @@ def test_engine_prepares_off_its_thread_and_answers_bad_images(art_a):
         worker.join(30)
     assert [o[0] for o in out] == [DONE, ERROR, DONE]
     assert out[1][1].status == 400 and out[1][1].type == "invalid_image"
-    assert worker.idle() and admission.running == 0 and not worker.running
+    assert worker.idle() and admission.busy() == admission.in_engine() == admission.slots_busy() == 0
     rec = recs[0]
     assert len(rec.host) == 4 and all(n.startswith("edgeocr-prepare") for n in rec.host)   # warm-up + 3
     assert rec.admit and set(rec.admit) == {"edgeocr-engine"}

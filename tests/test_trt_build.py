@@ -109,12 +109,29 @@ def test_trt_buffer_plan_binds_every_tensor_once(precision, art_a, ckpt_a, tmp_p
     assert plan.fixed_shapes["decode"]["input_ids"] == (1, 1)
 
 
-def test_trt_session_without_engines_says_build(art_a):
+def test_trt_session_without_engines_says_build(art_a, caplog):
+    """Opening the TensorRT session says it is experimental (it has not run on a GPU yet), then what is missing."""
+    from edgeocr.backends.tensorrt import EXPERIMENTAL
     from edgeocr.model import OCRModel
-    with pytest.raises(BackendError, match="edgeocr build-engines"):
-        OCRModel(art_a, backend="tensorrt", device="cuda")
-    with pytest.raises(BackendError, match="device='cuda'"):
-        OCRModel(art_a, backend="tensorrt", device="cpu")
+    with caplog.at_level("WARNING", logger="edgeocr"):
+        with pytest.raises(BackendError, match="edgeocr build-engines"):
+            OCRModel(art_a, backend="tensorrt", device="cuda")
+    assert [r.getMessage() for r in caplog.records] == [EXPERIMENTAL] and "experimental" in EXPERIMENTAL
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="edgeocr"):
+        with pytest.raises(BackendError, match="device='cuda'"):
+            OCRModel(art_a, backend="tensorrt", device="cpu")
+        OCRModel(art_a)                                    # ONNX Runtime: no such warning
+    assert [r.getMessage() for r in caplog.records] == [EXPERIMENTAL]
+
+
+def test_run_serve_bench_offer_onnx_runtime_only():
+    """Until the TensorRT session has run on a GPU, the commands do not offer it: no --backend flag."""
+    from edgeocr.cli import main
+    for cmd in (["run", "x.png", "--model", "m"], ["bench", "m"], ["serve"]):
+        with pytest.raises(SystemExit) as e:
+            main([*cmd, "--backend", "tensorrt"])
+        assert e.value.code == 2, cmd
 
 
 def test_build_fp16_engines(ckpt_a, tmp_path):

@@ -1,40 +1,12 @@
-"""Pure functions: rope positions and tables, repetition penalty, spotting parse, cleanup, prompts."""
+"""Pure functions: rope positions and tables, repetition penalty, spotting parse, cleanup, prompts.  Torch-free
+(tests/test_boundary.py pins it); their comparisons with transformers are in test_parity.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from edgeocr import decode, postprocess, preprocess, prompts, rope
-
-
-def test_position_ids_match_transformers_get_rope_index(ckpt_a):
-    import reference as ref
-    hf = ref.load(ckpt_a)
-    cfg = hf.config
-    img = cfg.image_token_id
-    # grid (1, 4, 6) -> 2x3 merged grid + newline column -> 8 grid tokens + begin/end = 10 slots
-    ids = torch.tensor([[1, 2, 3] + [img] * 10 + [4, 5, 6, 7]])
-    pos, _ = hf.model.get_rope_index(ids, (ids == img).int(), torch.tensor([[1, 4, 6]]))
-    ours = rope.position_ids(ids.shape[1], 3, (4, 6), 2)
-    np.testing.assert_array_equal(ours, pos[:, 0].numpy())
-    # spec §4.2 worked example (axis w)
-    assert ours[1, 3:13].tolist() == [3, 0, 1, 2, 3, 0, 1, 2, 3, 12]
-
-
-def test_cos_sin_match_transformers_rotary(ckpt_a):
-    import reference as ref
-    hf = ref.load(ckpt_a)
-    tc = hf.config.text_config
-    rot = hf.model.language_model.rotary_emb
-    pos = rope.position_ids(40, 5, (8, 8), 2)
-    cos_ref, sin_ref = rot(torch.zeros(1, dtype=torch.float32), torch.from_numpy(pos)[:, None, :])
-    freqs = rope.inv_freq(tc.head_dim, tc.rope_parameters["rope_theta"], tc.rope_parameters["alpha"])
-    np.testing.assert_allclose(freqs, rot.inv_freq.numpy(), rtol=1e-6)
-    cos, sin = rope.cos_sin(pos, freqs, tuple(tc.rope_parameters["mrope_section"]), "B")
-    np.testing.assert_allclose(cos, cos_ref[0].numpy(), atol=1e-5)
-    np.testing.assert_allclose(sin, sin_ref[0].numpy(), atol=1e-5)
 
 
 def test_real_model_frequencies():
@@ -59,20 +31,6 @@ def test_text_table_equals_general_path():
     c, s = rope.cos_sin(rope.position_ids(64, None, None, 2), f, (3, 3, 3, 3), "B")
     np.testing.assert_allclose(tc, c, atol=1e-6)
     np.testing.assert_allclose(ts, s, atol=1e-6)
-
-
-def test_repetition_penalty_matches_hf_processor():
-    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
-    rng = np.random.default_rng(0)
-    logits = rng.standard_normal(50).astype(np.float32) * 3
-    ids = np.array([3, 7, 7, 11, 49, 0])
-    ours = decode.RepetitionPenalty(50, 1.08, ids)(logits.copy())
-    theirs = RepetitionPenaltyLogitsProcessor(1.08)(torch.from_numpy(ids)[None], torch.from_numpy(logits)[None])
-    np.testing.assert_allclose(ours, theirs[0].numpy(), rtol=1e-6)
-    rp = decode.RepetitionPenalty(50, 1.08, ids)
-    rp.add(20)
-    rp.add(20)
-    assert sorted(rp.ids.tolist()) == [0, 3, 7, 11, 20, 49]
 
 
 def test_tail_repeats():

@@ -9,8 +9,10 @@ device from pinned memory, runs the decode context — captured once as a CUDA g
 writes the new K/V rows into the caches with one 2-D device copy per tensor, and copies back the
 logits, or only the next token id when the artifact selects on device.
 
-Status: the buffer plan is tested on CPU and engines are built in CI ahead of time; this class itself has
-not been executed yet (it needs full TensorRT on a Jetson or a TensorRT-RTX-capable RTX GPU).
+Status: experimental (`EXPERIMENTAL`).  The buffer plan is tested on CPU and engines are built in CI ahead of
+time; this class itself has not been executed yet (it needs full TensorRT on a Jetson or a TensorRT-RTX-capable
+RTX GPU), so it is reachable from the Python API only (`OCRModel(..., backend="tensorrt")`, which logs
+`EXPERIMENTAL` as a warning), not from `edgeocr run`, `serve` or `bench`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from edgeocr.errors import BackendError
 from edgeocr.artifact import Artifact
 
 _NP = {"float32": np.float32, "float16": np.float16}
+
+# Until this session has run on a GPU with TensorRT or TensorRT-RTX, opening it says so.
+EXPERIMENTAL = ("the TensorRT session is experimental: its engines build, but it has not yet run on a GPU; "
+                "ONNX Runtime (the default backend) is the tested path (docs/tensorrt.md)")
 
 
 @dataclass(frozen=True)

@@ -242,7 +242,7 @@ class App:
         if w.phase != "ready":
             raise HTTPError(503, "not_ready", f"{w.phase}", {"Retry-After": "2"})
         await rx.json(200, {"status": "ready", "queue_depth": adm.depth(), "slots": adm.slots,
-                            "slots_busy": len(w.running), "in_engine": adm.running})
+                            "slots_busy": adm.slots_busy(), "in_engine": adm.in_engine()})
 
     async def _get_info(self, rx):
         w, cfg = self.d.worker, self.cfg

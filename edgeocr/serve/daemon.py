@@ -51,8 +51,9 @@ class Daemon:
         from edgeocr.serve.parsing import allowed_host_names
         self.allowed_hosts = allowed_host_names(cfg.allowed_hosts)
         self.admission = Admission(cfg.queue_size)
-        self.metrics = Metrics(ENDPOINTS, self.admission.depth, lambda: len(self.worker.running))
-        self.worker = EngineWorker(cfg, self.admission, self.notifier, self.metrics)
+        self.metrics = Metrics(ENDPOINTS, self.admission.depth, self.admission.slots_busy)
+        self.admission.metrics = self.metrics                 # job moves count cancels and tokens
+        self.worker = EngineWorker(cfg, self.admission, self.notifier)
         self.started_at = time.time()
         self.listeners: list[socket.socket] = []
         self.unix_inode: int | None = None      # the socket file we created (never unlink another daemon's)

@@ -4,6 +4,7 @@ The worker drives one edgeocr.slots.SlotScheduler (pages decoded `slots` at a ti
 count) through edgeocr.slots.drive: it takes queued jobs, has their images decoded and prepared on the
 model's worker pool (never on this thread), admits prepared pages while slots are free, routes each step's
 tokens to their jobs, and cancels a job between two steps when its client has left or its deadline has passed.
+Each of those is a move of the job's state (edgeocr.serve.jobs.Admission.move); the worker keeps no counts.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from edgeocr import __version__, prompts
 from edgeocr.decode import DecodeOptions, FinishReason
 from edgeocr.errors import EdgeOCRError, ImageError, ImageTooLarge, PromptError
 from edgeocr.serve.errors import HTTPError, unavailable
-from edgeocr.serve.jobs import DONE, ERROR, TOKEN, Admission, Job
+from edgeocr.serve.jobs import (ADMITTING, CANCELLED, DONE, ERROR, FAILED, IN_ENGINE, QUEUED, RUNNING, TOKEN,
+                                Admission, Job, JobState)
 from edgeocr.slots import PageRequest, SlotEvent, drive
 
 log = logging.getLogger("edgeocr.serve")
@@ -64,20 +66,17 @@ def admit_error(e: Exception) -> HTTPError:
 class EngineWorker(threading.Thread):
     """Loads the model, then prepares, admits, steps and cancels jobs until stopped."""
 
-    def __init__(self, cfg, admission: Admission, notifier, metrics=None, opener=open_model):
+    def __init__(self, cfg, admission: Admission, notifier, opener=open_model):
         super().__init__(name="edgeocr-engine", daemon=True)
-        self.cfg, self.admission, self.notifier, self.metrics = cfg, admission, notifier, metrics
+        self.cfg, self.admission, self.notifier = cfg, admission, notifier
         self.opener = opener
         self.phase = "loading"               # loading | warming | ready | failed | stopped
         self.error: str | None = None        # why loading (or the loop) failed
         self.info: dict = {}
         self.model = None                    # edgeocr.model.OCRModel once loaded
         self.sched = None                    # its edgeocr.slots.SlotScheduler
-        self.running: dict[Job, float] = {}  # live jobs -> admit time (monotonic)
-        self.admitting: list[Job] = []       # jobs handed to scheduler.admit() since the last step
         self._halt = threading.Event()
         self._cancel_all: str | None = None  # set by the daemon when the drain time is over
-        self._reasons: dict[Job, str] = {}   # why a live job is being cancelled
         wd = notifier.watchdog_usec / 1e6
         self.tick = min(1.0, wd / 4) if wd else 1.0
         self._pinged = 0.0
@@ -96,7 +95,7 @@ class EngineWorker(threading.Thread):
 
     def busy(self) -> int:
         """Accepted jobs not finished yet: queued (being prepared, maybe), being admitted, or in a slot."""
-        return len(self.running) + len(self.admitting) + self.admission.depth()
+        return self.admission.busy()
 
     # ------------------------------------------------------------------ thread
     def run(self) -> None:
@@ -165,7 +164,7 @@ class EngineWorker(threading.Thread):
                     self._reap()
                     self._prepare_ahead()              # the next pages are prepared while these decode
             except Exception:
-                log.exception("decode step failed with %d page(s) live", len(self.running))
+                log.exception("decode step failed with %d page(s) live", self.admission.slots_busy())
                 self._fail_everything(HTTPError(500, "internal_error", "the decode step failed; see the daemon log"))
 
     def _ping(self) -> None:
@@ -182,11 +181,10 @@ class EngineWorker(threading.Thread):
             self._prepare_ahead()
             head = next(iter(self.admission.peek(1)), None)
             if head is not None and (head.gone or time.monotonic() > head.deadline or head.prepared.done()):
-                job = self.admission.take()            # the head: only this thread takes
+                job = self.admission.take()            # the head, now ADMITTING: only this thread takes
                 page = None if self._dropped(job) else self._prepared(job)
                 if page is not None:
-                    self.admitting.append(job)         # in a slot at the next _route unless _admit_failed
-                    yield job, page
+                    yield job, page                    # RUNNING at the next _route unless _admit_failed
                 continue
             if self.sched.idle():
                 if head is not None:
@@ -205,16 +203,14 @@ class EngineWorker(threading.Thread):
     def _dropped(self, job: Job) -> bool:
         """A job taken from the queue whose client left or whose deadline passed: answered, True."""
         if job.gone:
-            self.admission.leave()
             self._forget(job)
+            self.admission.move(job, CANCELLED, "client_gone")
             log.info("%s client left before its turn: dropped", job.id)
-            self._count_cancel("client_gone")
             return True
         if time.monotonic() > job.deadline:
-            self.admission.leave()
             self._forget(job)
+            self.admission.move(job, CANCELLED, "deadline")
             job.post(ERROR, HTTPError(504, "deadline_exceeded", "the request waited past its deadline in the queue"))
-            self._count_cancel("deadline")
             return True
         return False
 
@@ -235,23 +231,19 @@ class EngineWorker(threading.Thread):
         return page
 
     def _admit_failed(self, job: Job, e: Exception) -> None:
-        if job in self.admitting:
-            self.admitting.remove(job)
         self._forget(job)
-        self.admission.leave()
+        self.admission.move(job, FAILED)
         err = admit_error(e)
         if err.status == 500:
             log.error("%s preparation or admission failed", job.id, exc_info=e)
         job.post(ERROR, err)
 
     def _route(self, events: list[SlotEvent]) -> None:
-        now = time.monotonic()
-        for job in self.admitting:                 # admitted: each holds a slot now
-            self.running[job] = now
-        self.admitting.clear()
+        for job in self.admission.jobs(ADMITTING):     # admitted since the last step: each holds a slot now
+            self.admission.move(job, RUNNING)
         for ev in events:
             job = ev.tag
-            if job not in self.running:          # finished or cancelled already: nothing more to send
+            if job.state is not RUNNING:         # finished or cancelled already: nothing more to send
                 continue
             if job.stream and not job.gone and ev.token_id is not None:     # None: a blank page's result alone
                 job.post(TOKEN, ev.token_id, ev.text_delta)
@@ -259,45 +251,34 @@ class EngineWorker(threading.Thread):
                 self._finish(job, ev.result)
 
     def _finish(self, job: Job, result) -> None:
-        started = self.running.pop(job, None)
-        if started is not None:
-            self.admission.leave()
-            self.admission.record_service(time.monotonic() - started)
-        if self.metrics is not None:
-            self.metrics.tokens(result.generated_tokens, result.prompt_tokens)
-        reason = self._reasons.pop(job, None)
-        if result.finish_reason == FinishReason.CANCELLED or reason:
-            self._post_cancelled(job, reason or "deadline")
-        elif not job.gone:
+        if result.finish_reason == FinishReason.CANCELLED:     # the scheduler stopped it: not this worker
+            self.admission.move(job, CANCELLED, "deadline", result)
+            self._post_cancelled(job, "deadline")
+            return
+        self.admission.move(job, JobState.DONE, result=result)
+        if not job.gone:
             job.post(DONE, result)
 
     def _reap(self) -> None:
         """Cancel live jobs whose client left or whose deadline passed: within one decode step."""
         now = time.monotonic()
-        for job in list(self.running):
+        for job in self.admission.jobs(RUNNING):
             if job.gone:
                 self._cancel(job, "client_gone")
             elif now > job.deadline:
                 self._cancel(job, "deadline")
 
     def _cancel(self, job: Job, reason: str) -> None:
-        self._reasons[job] = reason
+        """Stop a job the engine holds (admitting or in a slot) and answer it."""
         try:
             result = self.sched.cancel(job)
         except Exception:
             log.exception("%s cancel failed", job.id)
             result = None
-        if job in self.running:
-            if result is None:
-                self.running.pop(job, None)
-                self.admission.leave()
-                self._reasons.pop(job, None)
-                self._post_cancelled(job, reason)
-            else:
-                self._finish(job, result)
+        self.admission.move(job, CANCELLED, reason, result)
+        self._post_cancelled(job, reason)
 
     def _post_cancelled(self, job: Job, reason: str) -> None:
-        self._count_cancel(reason)
         if reason == "client_gone" or job.gone:
             log.info("%s client left: generation stopped", job.id)
         elif reason == "deadline":
@@ -308,27 +289,21 @@ class EngineWorker(threading.Thread):
 
     def _cancel_everything(self, reason: str) -> None:
         self._cancel_all = None
-        for job in self.admission.take_all():
+        for job in self.admission.jobs(QUEUED):
             self._forget(job)
+            self.admission.move(job, CANCELLED, reason)
             self._post_cancelled(job, reason)
-        for job in list(self.running):
+        for job in self.admission.jobs(*IN_ENGINE):
             self._cancel(job, reason)
 
     def _fail_everything(self, err: HTTPError) -> None:
-        for job in self.admitting:
-            self.running[job] = 0.0
-        self.admitting.clear()
-        for job in list(self.running):
+        """The engine failed under the jobs it holds: each is answered with `err`."""
+        for job in self.admission.jobs(*IN_ENGINE):
             try:
                 self.sched.cancel(job)
             except Exception:
                 pass
+            self._forget(job)
+            self.admission.move(job, FAILED)
             if not job.gone:
                 job.post(ERROR, err)
-            self.admission.leave()
-        self.running.clear()
-        self._reasons.clear()
-
-    def _count_cancel(self, reason: str) -> None:
-        if self.metrics is not None:
-            self.metrics.cancelled(reason)

@@ -3,13 +3,24 @@
 A handler reserves a place *before* it reads the body, so a full queue is refused from the headers
 alone (no body buffered, no image decoded); the reservation becomes a queued job once the request
 is parsed and its image header checked, or is given back on any refusal.
+
+A job then moves through `JobState`, and only through `Admission.move`:
+
+    QUEUED ──► ADMITTING ──► RUNNING ──► DONE
+       │           │            │
+       └───────────┴────────────┴──────► CANCELLED (client gone, deadline, shutdown) | FAILED
+
+QUEUED: accepted, waiting for a slot (its page is prepared on the model's worker pool meanwhile);
+ADMITTING: taken by the engine and handed to the scheduler's admit (vision + prefill); RUNNING: holds a slot.
+Every count the daemon reports (queue depth, jobs in the engine, slots busy, accepted jobs, the cancel and
+token metrics, the service time behind Retry-After) is derived from the states or changed by a move: nothing
+is counted by hand.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import itertools
+import enum
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,6 +32,26 @@ TOKEN = "token"        # ("token", token_id, text_delta)
 DONE = "done"          # ("done", OCRResult)
 ERROR = "error"        # ("error", HTTPError)
 GONE = "gone"          # ("gone",): the handler's own note that its client disconnected
+
+
+class JobState(enum.Enum):
+    QUEUED = "queued"            # accepted, waiting for a slot (its page may be preparing on the worker pool)
+    ADMITTING = "admitting"      # taken by the engine, handed to the scheduler's admit
+    RUNNING = "running"          # holds a slot, decoding
+    DONE = "done"                # its result was produced
+    CANCELLED = "cancelled"      # stopped: client gone, deadline or shutdown (Job.reason)
+    FAILED = "failed"            # refused while prepared or admitted, or the engine failed
+
+    def __str__(self) -> str:
+        return self.value
+
+
+QUEUED, ADMITTING, RUNNING = JobState.QUEUED, JobState.ADMITTING, JobState.RUNNING
+CANCELLED, FAILED = JobState.CANCELLED, JobState.FAILED
+MOVES = {QUEUED: {ADMITTING, CANCELLED, FAILED},          # the only legal transitions
+         ADMITTING: {RUNNING, CANCELLED, FAILED},
+         RUNNING: {JobState.DONE, CANCELLED, FAILED}}
+IN_ENGINE = (ADMITTING, RUNNING)
 
 
 @dataclass(eq=False)
@@ -38,6 +69,8 @@ class Job:
     gone: bool = False                        # the client left: drop it if queued, cancel it if running
     chat_model: str = "hunyuanocr"            # OpenAI requests: the model name to echo back
     prepared: object = None                   # Future of its edgeocr.slots.Page, made on the model's worker pool
+    state: JobState = QUEUED                  # changed by Admission.move only
+    reason: str | None = None                 # why it was cancelled (metrics.CANCEL_REASONS)
 
     def post(self, *item) -> None:
         """Hand an event to the handler; callable from any thread."""
@@ -61,18 +94,66 @@ class Ticket:
 
 
 class Admission:
-    """Bounded waiting room: `queue_size` places beyond the engine's slots.  Reservations, queued jobs
-    and jobs in the engine all count, so `queue_size + slots` requests are accepted at once at most."""
+    """Bounded waiting room: `queue_size` places beyond the engine's slots.  Reservations and accepted jobs
+    (queued, admitting or running) all count, so `queue_size + slots` requests are accepted at once at most.
+    It holds every accepted, unfinished job; `move` is the one place a job's state changes."""
 
-    def __init__(self, queue_size: int, slots: int = 1):
+    def __init__(self, queue_size: int, slots: int = 1, metrics=None):
         self.queue_size = queue_size
         self.slots = slots                     # pages the engine runs at once (for Retry-After)
+        self.metrics = metrics                 # serve.metrics.Metrics (cancel and token counters), or None
         self.cond = threading.Condition()
-        self.waiting: collections.deque[Job] = collections.deque()
-        self.reserved = 0
+        self.live: dict[Job, None] = {}        # accepted, not finished, in the order they were accepted
+        self.reserved = 0                      # tickets: places held while a body arrives (not jobs yet)
         self.state = "loading"                 # loading | ready | draining
         self.service_s = 2.0                   # moving average of a job's time in a slot, seconds
-        self.running = 0                       # jobs taken by the engine and not finished (admitting or in a slot)
+
+    # ------------------------------------------------------------------ states and the counts derived from them
+    def move(self, job: Job, to: JobState, reason: str | None = None, result=None) -> None:
+        """The one transition: checks it is legal, stamps the job, updates the metrics; a finished job leaves.
+        `result`: the OCRResult it ended with, if any (its tokens are counted)."""
+        with self.cond:
+            if to not in MOVES.get(job.state, ()):
+                raise RuntimeError(f"job {job.id}: {job.state} -> {to} is not a legal move")
+            now = time.monotonic()
+            if job.state is RUNNING and job.started:
+                self.service_s = 0.8 * self.service_s + 0.2 * (now - job.started)
+            if to is RUNNING:
+                job.started = now
+            job.state, job.reason = to, reason if to is CANCELLED else None
+            if to not in MOVES:
+                del self.live[job]
+            self.cond.notify_all()
+        if self.metrics is not None:
+            if to is CANCELLED:
+                self.metrics.cancelled(reason or "shutdown")
+            if result is not None:
+                self.metrics.tokens(result.generated_tokens, result.prompt_tokens)
+
+    def jobs(self, *states: JobState) -> list[Job]:
+        """The live jobs in these states, oldest first."""
+        with self.cond:
+            return [j for j in self.live if j.state in states]
+
+    def count(self, *states: JobState) -> int:
+        with self.cond:
+            return sum(j.state in states for j in self.live)
+
+    def depth(self) -> int:
+        """Jobs waiting for the engine."""
+        return self.count(QUEUED)
+
+    def in_engine(self) -> int:
+        """Jobs the engine took and has not finished (admitting or in a slot)."""
+        return self.count(*IN_ENGINE)
+
+    def slots_busy(self) -> int:
+        return self.count(RUNNING)
+
+    def busy(self) -> int:
+        """Accepted jobs not finished yet, in any state."""
+        with self.cond:
+            return len(self.live)
 
     # ------------------------------------------------------------------ handler side (event loop)
     def reserve(self) -> Ticket:
@@ -81,7 +162,7 @@ class Admission:
                 raise unavailable("shutting_down", "the server is shutting down", 5)
             if self.state != "ready":
                 raise unavailable("not_ready", "the model is still loading", 2)
-            if self.reserved + len(self.waiting) + self.running >= self.queue_size + self.slots:
+            if self.reserved + len(self.live) >= self.queue_size + self.slots:
                 raise unavailable("overloaded", f"queue full ({self.queue_size} waiting)", self.retry_after_s())
             self.reserved += 1
             return Ticket(self)
@@ -94,7 +175,8 @@ class Admission:
             self.reserved -= 1
             if self.state == "draining":
                 raise unavailable("shutting_down", "the server is shutting down", 5)
-            self.waiting.append(job)
+            job.state = QUEUED
+            self.live[job] = None
             self.cond.notify_all()
 
     def _release(self, ticket: Ticket) -> None:
@@ -105,11 +187,8 @@ class Admission:
 
     def retry_after_s(self) -> float:
         """Rough time until a place frees up: the work ahead divided over the slots."""
-        ahead = len(self.waiting) + self.reserved + self.running
+        ahead = len(self.live) + self.reserved
         return min(60.0, max(1.0, self.service_s * ahead / max(1, self.slots)))
-
-    def depth(self) -> int:
-        return len(self.waiting)
 
     def wake(self) -> None:
         with self.cond:
@@ -129,32 +208,18 @@ class Admission:
             self.cond.notify_all()
 
     def take(self) -> Job | None:
+        """The oldest queued job, moved to ADMITTING (the engine has it now)."""
         with self.cond:
-            if not self.waiting:
-                return None
-            self.running += 1
-            return self.waiting.popleft()
+            job = next((j for j in self.live if j.state is QUEUED), None)
+            if job is not None:
+                self.move(job, ADMITTING)
+            return job
 
     def peek(self, n: int) -> list[Job]:
-        """The first `n` waiting jobs, left in the queue (the engine prepares them before their turn)."""
-        with self.cond:
-            return list(itertools.islice(self.waiting, n))
-
-    def leave(self) -> None:
-        """A job the engine took is finished (result, error, cancel or drop)."""
-        with self.cond:
-            self.running -= 1
-
-    def take_all(self) -> list[Job]:
-        with self.cond:
-            jobs = list(self.waiting)
-            self.waiting.clear()
-            return jobs
+        """The first `n` queued jobs, left in the queue (the engine prepares them before their turn)."""
+        return self.jobs(QUEUED)[:n]
 
     def wait_for_work(self, timeout: float) -> None:
         with self.cond:
-            if not self.waiting:
+            if not any(j.state is QUEUED for j in self.live):
                 self.cond.wait(timeout)
-
-    def record_service(self, seconds: float) -> None:
-        self.service_s = 0.8 * self.service_s + 0.2 * seconds
