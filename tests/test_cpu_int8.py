@@ -171,3 +171,18 @@ def test_bench_cpu_prints_threads_and_kernel_share(cpu_arts, tmp_path):
     p = json.loads(out.read_text())["edgeocr"]["cpu_profile"]
     assert p["steps"] == 8 and 0 < p["kernel_share"] <= 1.0 and p["kernel_ms"] < p["step_ms"]
     assert "MatMulNBits" in p["top_ops_ms"] and "GroupQueryAttention" in p["top_ops_ms"]
+
+
+def test_cpu_sessions_do_not_spin(cpu_arts, monkeypatch):
+    """ONNX Runtime's CPU worker threads do not spin-wait between kernels unless EDGEOCR_CPU_SPIN=1."""
+    key = "session.intra_op.allow_spinning"
+    s = OCRModel(cpu_arts["cpu8"]).session
+    for sess in (s.vision, s.decoder):
+        assert sess.get_session_options().get_session_config_entry(key) == "0"
+    monkeypatch.setenv("EDGEOCR_CPU_SPIN", "1")
+    opts = OCRModel(cpu_arts["cpu8"]).session.decoder.get_session_options()
+    try:
+        value = opts.get_session_config_entry(key)
+    except Exception:                     # onnxruntime raises when the entry was never set
+        value = None
+    assert value != "0"
