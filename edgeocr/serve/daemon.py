@@ -68,8 +68,7 @@ class Daemon:
             signal.signal(sig, self._early_signal)
         try:
             self._bind()
-            self.worker.start()
-            asyncio.run(self._main())
+            asyncio.run(self._main())          # the engine starts once the server answers (_monitor)
         finally:
             for sig in STOP_SIGNALS:            # the loop is gone: a signal now means exit at once
                 signal.signal(sig, self._early_signal)
@@ -107,7 +106,13 @@ class Daemon:
             monitor.cancel()
 
     async def _monitor(self) -> None:
-        """End the daemon (exit 1) if the engine fails to load or dies."""
+        """Start the engine once the server answers, so that readiness says 503 for all of loading and
+        warm-up whatever the machine's speed; then end the daemon (exit 1) if the engine fails to load or
+        dies."""
+        while not self.server.started:
+            await asyncio.sleep(0.005)
+        if not self.stopping:
+            self.worker.start()
         while True:
             await asyncio.sleep(0.1)
             if self.worker.phase == "failed" and not self.stopping:
