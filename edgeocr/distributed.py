@@ -239,6 +239,9 @@ def run(args) -> int:
         return cli._usage("--ray and --remote exclude each other")
     if args.stream:
         return cli._usage("--stream is for local runs, not --ray")
+    for flag, value in (("--ray-actors", args.ray_actors), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            return cli._usage(f"{flag} must be a positive integer, got {value}")
     parquet = Path(args.out).suffix.lower() == ".parquet"
     ray = import_ray()
     try:
