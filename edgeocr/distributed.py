@@ -108,23 +108,25 @@ def connect(ray, address: str, local_cpus: float, verbose: bool) -> None:
 
 
 def plan_pool(resources: dict, actors: int | None, threads: int | None, preprocess: str, device: str,
-              slots: int) -> Pool:
+              slots: int, pages: int) -> Pool:
     """One actor per GPU where the cluster has GPUs; else CPU actors of `threads` threads (default 1), as
-    many as fit beside one read task.  `actors` overrides the count."""
+    many as fit beside one read task.  `actors` overrides the count.  An actor call takes PAGES_PER_SLOT
+    pages per slot, fewer when `pages` would otherwise leave an actor without work."""
     if actors is not None and actors < 1:
         raise RayError(f"--ray-actors must be a positive integer, got {actors}")
     if threads is not None and threads < 1:
         raise RayError(f"--threads must be a positive integer, got {threads}")
-    batch = max(1, slots) * PAGES_PER_SLOT
     gpus = int(resources.get("GPU", 0))
     if gpus:
         if device != "cuda":                        # the run's default (cpu) preprocess: use the GPU's default
             from edgeocr.bench import default_preprocess
             preprocess = default_preprocess("cuda")
-        return Pool(actors or gpus, "cuda", 1.0, 1.0, None, preprocess, batch)
-    t = threads or 1
-    n = actors or max(1, int((resources.get("CPU", 1) - READ_CPUS) // t))
-    return Pool(n, "cpu", float(t), 0.0, t, preprocess, batch)
+        n, dev, cpus, gpu, t = actors or gpus, "cuda", 1.0, 1.0, None
+    else:
+        t = threads or 1
+        n, dev, cpus, gpu = actors or max(1, int((resources.get("CPU", 1) - READ_CPUS) // t)), "cpu", float(t), 0.0
+    batch = max(1, min(max(1, slots) * PAGES_PER_SLOT, math.ceil(pages / n)))
+    return Pool(n, dev, cpus, gpu, t, preprocess, batch)
 
 
 def local_cpus(actors: int | None, threads: int | None) -> float:
@@ -270,7 +272,8 @@ def run(args) -> int:
               cuda_graph=cli._GRAPH[args.cuda_graph])
     connect(ray, args.ray, local_cpus(args.ray_actors, args.threads), args.verbose)
     try:
-        pool = plan_pool(ray.cluster_resources(), args.ray_actors, args.threads, args.preprocess, args.device, slots)
+        pool = plan_pool(ray.cluster_resources(), args.ray_actors, args.threads, args.preprocess, args.device, slots,
+                         pages=sum(r.error is None for r in todo))
         log.info("ray: %d %s actor(s), %d pages per call, %d pages", pool.actors, pool.device, pool.batch_pages,
                  len(todo))
         if parquet:

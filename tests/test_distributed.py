@@ -287,12 +287,13 @@ def test_usage_errors(work, demo_art, extra, message):
 
 # ---------------------------------------------------------------------------------------------- pieces
 def test_pool_plan():
-    gpu = distributed.plan_pool({"CPU": 64, "GPU": 8}, None, None, "exact", "cpu", slots=4)
+    gpu = distributed.plan_pool({"CPU": 64, "GPU": 8}, None, None, "exact", "cpu", slots=4, pages=1000)
     assert (gpu.actors, gpu.device, gpu.gpus, gpu.cpus, gpu.batch_pages) == (8, "cuda", 1.0, 1.0, 8)
     assert gpu.preprocess == "device"                    # the CUDA default when --device was left at cpu
-    cpu = distributed.plan_pool({"CPU": 16}, None, 2, "exact", "cpu", slots=1)
-    assert (cpu.actors, cpu.device, cpu.gpus, cpu.cpus, cpu.threads) == (7, "cpu", 0.0, 2.0, 2)
-    assert distributed.plan_pool({"CPU": 2}, 2, None, "exact", "cpu", 1).actors == 2
+    cpu = distributed.plan_pool({"CPU": 16}, None, 2, "exact", "cpu", slots=1, pages=1000)
+    assert (cpu.actors, cpu.device, cpu.gpus, cpu.cpus, cpu.threads, cpu.batch_pages) == (7, "cpu", 0.0, 2.0, 2, 2)
+    few = distributed.plan_pool({"CPU": 2}, 2, None, "exact", "cpu", slots=4, pages=3)
+    assert (few.actors, few.batch_pages) == (2, 2)        # both actors get a call
     # --ray local: the actors' CPUs plus one for the read tasks, whatever the machine has
     assert distributed.local_cpus(2, 1) >= 2 * 1 + distributed.READ_CPUS
     assert distributed.local_cpus(3, 2) >= 3 * 2 + distributed.READ_CPUS
