@@ -33,7 +33,7 @@ import numpy as np
 
 from edgeocr import batchrun, pages
 from edgeocr.decode import DecodeOptions
-from edgeocr.errors import BackendError, EdgeOCRError
+from edgeocr.errors import EdgeOCRError
 
 log = logging.getLogger("edgeocr")
 

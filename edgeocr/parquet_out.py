@@ -2,7 +2,7 @@
 
     state = prepare("pages.parquet", resume=True)     # what the file (and an interrupted run's journal) holds
     with ParquetOut("pages.parquet") as out:
-        out.write(record)                             # a JSONL line's dict: {file, page, text, ...} or {file, page, error}
+        out.write(record)                     # a JSONL line's dict: {file, page, text, ...} or {file, page, error}
     read_records("pages.parquet")                     # the same dicts back
 
 A Parquet file is written whole, so rows are appended to a journal beside it, `FILE.parquet.partial.jsonl`
@@ -105,8 +105,9 @@ def prepare(path: str | Path, resume: bool = False, overwrite: bool = False) -> 
     if not present:
         return batchrun.ResumeState(frozenset(), 0, 0, 0)
     if not resume:
-        raise batchrun.OutputError(f"--out {path} already exists{' (with the journal of an interrupted run)' if journal in present else ''}: "
-                                   f"pass --resume to continue it or --overwrite to start over")
+        what = " (with the journal of an interrupted run)" if journal in present else ""
+        raise batchrun.OutputError(f"--out {path} already exists{what}: pass --resume to continue it or --overwrite "
+                                   f"to start over")
     done, failed, kept, retried = set(), set(), 0, 0
     if path in present:
         table = _read(path)
@@ -114,8 +115,10 @@ def prepare(path: str | Path, resume: bool = False, overwrite: bool = False) -> 
         keys = list(zip(table.column("file").to_pylist(), table.column("page").to_pylist()))
         for key, good in zip(keys, ok.to_pylist()):
             (done if good else failed).add(key)
-        kept, retried = int(pc.sum(ok).as_py() or 0), table.num_rows - int(pc.sum(ok).as_py() or 0)
-    j = batchrun.prepare_output(journal, resume=True) if journal in present else batchrun.ResumeState(frozenset(), 0, 0, 0)
+        kept = int(pc.sum(ok).as_py() or 0)
+        retried = table.num_rows - kept
+    j = batchrun.prepare_output(journal, resume=True) if journal in present else \
+        batchrun.ResumeState(frozenset(), 0, 0, 0)
     return batchrun.ResumeState(frozenset(done | j.done), kept + j.kept, retried + j.retried, j.partial_bytes,
                                 frozenset((failed | j.failed) - done - j.done))
 
