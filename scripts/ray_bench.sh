@@ -10,6 +10,7 @@ TOKENS=${2:-128}
 PY=${PYTHON:-.venv/bin/python}
 W=$(mktemp -d /tmp/raybench.XXXX)
 trap 'rm -rf "$W"' EXIT
+export RAY_TMPDIR=$W/ray            # the private Rays' sessions and logs, removed with the rest
 "$PY" -c "from quantize.export import ExportOptions, export
 export('demo_model', '$W/art', ExportOptions(cache_len=1536, prefill_len=1280, slots=2))" >/dev/null
 mkdir "$W/in"
