@@ -38,6 +38,9 @@ def _run(args) -> int:
         return _usage(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
     if not args.remote and not args.model:
         return _usage("no model: pass --model ARTIFACT_DIR or set EDGEOCR_MODEL (or --remote for a daemon)")
+    if args.ray:
+        from edgeocr.distributed import run
+        return run(args)
     try:
         limit = preprocess_limit(args.max_pixels)
         refs = pages.list_pages(pages.list_files(args.images))
@@ -343,6 +346,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="use a running daemon instead of loading the model: unix:/path.sock or http://127.0.0.1:PORT "
                         "(default unix:/run/edgeocr/edgeocr.sock; env EDGEOCR_REMOTE); the same inputs, --out and "
                         "--resume; PDF pages are rendered here")
+    r.add_argument("--ray", nargs="?", const="auto" if os.environ.get("RAY_ADDRESS") else "local", default=None,
+                   metavar="local|auto|ADDRESS",
+                   help="spread the pages over a Ray cluster (Ray Data; the ray extra): local = a private Ray on "
+                        "this machine, auto = the running cluster (RAY_ADDRESS or `ray start`), or its address; "
+                        "bare --ray: auto under `ray job submit`, else local.  Needs --out (.jsonl or .parquet); "
+                        "docs/distributed.md")
+    r.add_argument("--ray-actors", type=int, default=None, metavar="N",
+                   help="with --ray: actors recognizing pages (default: one per GPU of the cluster, else as many "
+                        "--threads-thread CPU actors as fit beside a read task)")
     r.add_argument("--api-key-file", default=os.environ.get("EDGEOCR_API_KEY_FILE"),
                    help="Bearer key for a TCP daemon (env EDGEOCR_API_KEY_FILE)")
     s_ = sub.add_parser("serve", help="run the local OCR daemon (systemd Type=notify)",

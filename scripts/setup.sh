@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a development/CI environment in .venv: CPU torch (pinned, from the local wheel where present),
-# edgeocr with its export, data, dev and peer extras, the fonts the document generators render with,
+# edgeocr with its export, data, dev, peer and ray extras, the fonts the document generators render with,
 # Chromium (the HTML document generator, the daemon's page test) and Tesseract (scripts/peer_compare.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ PY=${PYTHON:-python3}
 .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first, pinned: an unpinned torch pulls a multi-GB CUDA build
 .venv/bin/pip install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/pip install -q -e '.[cpu,export,data,dev,peer]' 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/pip install -q -e '.[cpu,export,data,dev,peer,ray]' 2>&1 | grep -v "^WARNING: Location" || true
 # rapidocr_onnxruntime requires opencv-python (the GUI build, which needs libGL); both it and the headless build
 # provide cv2, so the headless one is written last
 if .venv/bin/pip show -q opencv-python >/dev/null 2>&1; then

@@ -1,0 +1,343 @@
+"""`edgeocr run --ray`: the batch run spread over the GPUs (or CPUs) of a Ray cluster with Ray Data.
+
+    edgeocr run scans/ --model ART --ray local --out pages.jsonl          # a private Ray on this machine
+    edgeocr run /data/scans --model /data/art --ray auto --out /data/pages.parquet    # the running cluster
+
+The driver lists the pages as a local run does (edgeocr.pages: files, folders, globs, PDF pages) and skips
+those the --out file already holds.  The rest go through a Ray Data pipeline:
+
+    page list (driver) ─► read tasks: PageLoader.load → pixels [H, W, 3] uint8, or the page's error row
+                       ─► actor pool: each actor loads the artifact once and recognizes `batch_pages` pages per
+                          call through OCRModel.recognize_many (the artifact's slots decode together);
+                          one GPU per actor on a cluster with GPUs, CPU actors otherwise
+                       ─► driver: one row per page, as it comes back, in the local run's schema
+
+A page that fails (unreadable, refused by the model) is an error row, as locally.  An actor that dies is
+restarted by Ray and its batch run again; the driver writes each page once, and a page whose batch keeps
+killing its actor ends as an error row rather than stopping the run.  Ray is imported here only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgeocr import batchrun, pages
+from edgeocr.decode import DecodeOptions
+from edgeocr.errors import EdgeOCRError
+
+log = logging.getLogger("edgeocr")
+
+PAGES_PER_SLOT = 2        # pages per actor call, per artifact slot: a slot freed mid-call takes the next page
+READ_CPUS = 1.0           # logical CPUs a read task reserves; `--ray local` keeps this many beyond the actors'
+ACTOR_RETRIES = 3         # times a batch is run again after its actor died (the actor is restarted each time)
+ADDRESS_ENV = "RAY_ADDRESS"   # set by `ray job submit`: a bare --ray then joins that cluster
+
+
+class RayError(EdgeOCRError):
+    """Ray is missing, or the cluster cannot be reached or cannot run the pool asked for."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the read tasks and the actors need; sent to every node."""
+
+    model: str                       # artifact directory, absolute (the same path on every node)
+    cwd: str                         # the driver's working directory: relative input paths are read from it
+    dpi: float                       # PDF rasterization
+    max_pixels: int                  # pixel limit for images and rendered PDF pages
+    task: str | None
+    prompt: str | None
+    lang: str
+    options: DecodeOptions
+    cuda_graph: bool | None          # None: the model's default for the device
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The actors that recognize pages."""
+
+    actors: int                      # actors in the pool
+    device: str                      # "cuda" (one GPU each) or "cpu"
+    cpus: float                      # logical CPUs each actor reserves
+    gpus: float                      # GPUs each actor reserves: 1 or 0
+    threads: int | None              # ONNX Runtime threads of a CPU actor (None: the default)
+    preprocess: str                  # exact | fast | device (OCRModel's preprocess)
+    batch_pages: int                 # pages per actor call
+
+
+# ---------------------------------------------------------------------------------------------- ray
+def import_ray():
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError as e:
+        raise RayError(f"--ray needs Ray Data: pip install 'edgeocr[ray]' ({e})") from None
+    return ray
+
+
+def connect(ray, address: str, local_cpus: float, verbose: bool) -> None:
+    """`local`: start a private Ray here with `local_cpus` logical CPUs; `auto`: the cluster RAY_ADDRESS
+    names or `ray start` left on this machine; else a cluster address (host:6379, ray://host:10001)."""
+    quiet = logging.INFO if verbose else logging.ERROR
+    try:
+        if address == "local":
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            ray.init(address="local", num_cpus=math.ceil(local_cpus), include_dashboard=False, logging_level=quiet)
+        else:
+            ray.init(address=address, logging_level=quiet)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise RayError(f"--ray {address}: no Ray cluster could be reached ({str(e).strip().splitlines()[0]})") from None
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False                 # the page bar below is the progress
+    ctx.max_errored_blocks = -1                      # a batch that keeps failing: its pages become error rows
+    if not verbose:
+        data_log = logging.getLogger("ray.data")
+        data_log.setLevel(logging.WARNING)
+        logging.getLogger("ray.data._internal.progress").addFilter(   # our bar is on: no need to say theirs is off
+            lambda rec: not rec.getMessage().startswith("Progress bars disabled"))
+
+
+def plan_pool(resources: dict, actors: int | None, threads: int | None, preprocess: str, device: str,
+              slots: int, pages: int) -> Pool:
+    """One actor per GPU where the cluster has GPUs; else CPU actors of `threads` threads (default 1), as
+    many as fit beside one read task.  `actors` overrides the count.  An actor call takes PAGES_PER_SLOT
+    pages per slot, fewer when `pages` would otherwise leave an actor without work."""
+    if actors is not None and actors < 1:
+        raise RayError(f"--ray-actors must be a positive integer, got {actors}")
+    if threads is not None and threads < 1:
+        raise RayError(f"--threads must be a positive integer, got {threads}")
+    gpus = int(resources.get("GPU", 0))
+    if gpus:
+        if device != "cuda":                        # the run's default (cpu) preprocess: use the GPU's default
+            from edgeocr.bench import default_preprocess
+            preprocess = default_preprocess("cuda")
+        n, dev, cpus, gpu, t = actors or gpus, "cuda", 1.0, 1.0, None
+    else:
+        t = threads or 1
+        n, dev, cpus, gpu = actors or max(1, int((resources.get("CPU", 1) - READ_CPUS) // t)), "cpu", float(t), 0.0
+    batch = max(1, min(max(1, slots) * PAGES_PER_SLOT, math.ceil(pages / n)))
+    return Pool(n, dev, cpus, gpu, t, preprocess, batch)
+
+
+def local_cpus(actors: int | None, threads: int | None) -> float:
+    """Logical CPUs for `--ray local`: the machine's, and at least the actors' plus one read task's, so the
+    actors cannot take every CPU and starve the tasks that read pages."""
+    machine = os.cpu_count() or 1
+    if actors is None:
+        return float(machine)
+    return max(float(machine), actors * (threads or 1) + READ_CPUS)
+
+
+# ---------------------------------------------------------------------------------------------- workers
+def _page(value) -> int | None:
+    return int(value) or None                        # 0 in the dataset: an image file (no page)
+
+
+def load_pages(batch: dict, job: Job) -> dict:
+    """Read task: a batch of pages {index, file, page} -> {..., pixels, load_ms, record}; a page that cannot
+    be loaded gets its error row in `record` (empty otherwise) and empty pixels."""
+    if job.cwd != os.getcwd() and os.path.isdir(job.cwd):
+        os.chdir(job.cwd)                            # relative inputs, and their messages, as on the driver
+    pixels, load_ms, records = [], [], []
+    with pages.PageLoader(dpi=job.dpi, max_pixels=job.max_pixels) as loader:
+        for file, page in zip(batch["file"], batch["page"]):
+            ref = pages.PageRef(str(file), _page(page))
+            t0 = time.perf_counter()
+            try:
+                img, rec = loader.load(ref), ""       # [H, W, 3] uint8
+            except Exception as e:                   # an EdgeOCRError names the file; anything else too
+                img = np.zeros((0, 0, 3), np.uint8)
+                rec = json.dumps(batchrun.PageOutcome(ref, error=e).record(), ensure_ascii=False)
+            pixels.append(img)
+            load_ms.append((time.perf_counter() - t0) * 1e3)
+            records.append(rec)
+    px = np.empty(len(pixels), dtype=object)
+    px[:] = pixels
+    return {"index": batch["index"], "file": batch["file"], "page": batch["page"], "pixels": px,
+            "load_ms": np.asarray(load_ms), "record": np.asarray(records, dtype=object)}
+
+
+class PageActor:
+    """Loads the artifact once; each call recognizes a batch of loaded pages with the artifact's slots."""
+
+    def __init__(self, job: Job, pool: Pool):
+        from edgeocr.model import OCRModel
+
+        self.job = job
+        self.model = OCRModel(job.model, device=pool.device, threads=pool.threads, cuda_graph=job.cuda_graph,
+                              preprocess=pool.preprocess)
+
+    def __call__(self, batch: dict) -> dict:
+        """{index, file, page, pixels, load_ms, record} -> {index, record}: every page's JSONL row."""
+        records = [str(r) for r in batch["record"]]
+        todo = [k for k, r in enumerate(records) if not r]
+        for j, outcome in self._recognize([batch["pixels"][k] for k in todo]):
+            k = todo[j]
+            ref = pages.PageRef(str(batch["file"][k]), _page(batch["page"][k]))
+            o = batchrun.PageOutcome(ref, result=outcome, load_ms=float(batch["load_ms"][k])) \
+                if not isinstance(outcome, BaseException) else batchrun.PageOutcome(ref, error=outcome)
+            records[k] = json.dumps(o.record(), ensure_ascii=False)
+        return {"index": batch["index"], "record": np.asarray(records, dtype=object)}
+
+    def _recognize(self, images: list):
+        """(position, OCRResult or the exception) per image: all at once through the slots; when a page makes
+        that fail, the pages not yet done one by one, each with its own result or error."""
+        j = self.job
+        done = set()
+        try:
+            for i, res in self.model.recognize_many(images, task=j.task, prompt=j.prompt, lang=j.lang,
+                                                    options=j.options):
+                done.add(i)
+                yield i, res
+            return
+        except Exception as e:
+            log.warning("a page of the batch failed (%s: %s); the rest page by page", type(e).__name__, e)
+        for i, img in enumerate(images):
+            if i in done:
+                continue
+            try:
+                yield i, self.model.recognize(img, task=j.task, prompt=j.prompt, lang=j.lang, options=j.options)
+            except Exception as e:
+                yield i, e
+
+
+# ---------------------------------------------------------------------------------------------- driver
+def build(ray, todo: list[pages.PageRef], job: Job, pool: Pool):
+    """The Ray Data pipeline over `todo`: rows {index, record} (index into `todo`, record a JSON line)."""
+    from ray.data import ActorPoolStrategy
+
+    items = [{"index": i, "file": r.file, "page": r.page or 0} for i, r in enumerate(todo) if r.error is None]
+    ds = ray.data.from_items(items, override_num_blocks=max(1, math.ceil(len(items) / pool.batch_pages)))
+    ds = ds.map_batches(load_pages, fn_kwargs={"job": job}, batch_size=pool.batch_pages, num_cpus=READ_CPUS,
+                        batch_format="numpy")
+    with warnings.catch_warnings():
+        # Ray Data restarts a dead actor and retries its batch without end by default; a page that kills every
+        # actor would then stop the run.  The retry bound is a plain Ray remote argument, deprecated in map_batches
+        # (removed in Ray 2.64; the ray extra pins the version this was tested with).
+        warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated")
+        return ds.map_batches(PageActor, fn_constructor_kwargs={"job": job, "pool": pool},
+                              batch_size=pool.batch_pages, batch_format="numpy",
+                              compute=ActorPoolStrategy(size=pool.actors), num_cpus=pool.cpus,
+                              num_gpus=pool.gpus or None, max_restarts=-1, max_task_retries=ACTOR_RETRIES)
+
+
+def run(args) -> int:
+    """`edgeocr run ... --ray`: the same inputs, --out, --resume and messages as a local run."""
+    from edgeocr import artifact, cli
+
+    if not args.out:
+        return cli._usage("--ray writes its pages to a file: pass --out FILE.jsonl or FILE.parquet")
+    if args.remote:
+        return cli._usage("--ray and --remote exclude each other")
+    if args.stream:
+        return cli._usage("--stream is for local runs, not --ray")
+    for flag, value in (("--ray-actors", args.ray_actors), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            return cli._usage(f"{flag} must be a positive integer, got {value}")
+    parquet = Path(args.out).suffix.lower() == ".parquet"
+    ray = import_ray()
+    try:
+        limit = cli.preprocess_limit(args.max_pixels)
+        refs = pages.list_pages(pages.list_files(args.images))
+        if parquet:
+            from edgeocr import parquet_out
+            state = parquet_out.prepare(args.out, args.resume, args.overwrite)
+        else:
+            state = batchrun.prepare_output(args.out, args.resume, args.overwrite)
+    except (pages.InputPathError, batchrun.OutputError) as e:
+        return cli._usage(str(e))
+    slots = artifact.read(Path(args.model)).kv.slots          # a bad --model fails here, before Ray starts
+    todo = [r for r in refs if r.key not in state.done]
+    if state.kept or state.retried or state.partial_bytes:
+        again = sum(r.key in state.failed for r in todo)
+        print(f"resuming {args.out}: {state.kept} pages already done, {len(todo)} to go"
+              + (f" ({state.retried} error line(s) removed; {again} of those pages run again)"
+                 if state.retried else ""), file=sys.stderr)
+    if not todo:
+        print(f"nothing to do: all {len(refs)} pages are in {args.out}", file=sys.stderr)
+        return cli.EXIT_OK
+    job = Job(model=str(Path(args.model).resolve()), cwd=os.getcwd(), dpi=args.dpi, max_pixels=limit,
+              task=args.task, prompt=args.prompt, lang=args.lang,
+              options=DecodeOptions(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty),
+              cuda_graph=cli._GRAPH[args.cuda_graph])
+    connect(ray, args.ray, local_cpus(args.ray_actors, args.threads), args.verbose)
+    try:
+        pool = plan_pool(ray.cluster_resources(), args.ray_actors, args.threads, args.preprocess, args.device, slots,
+                         pages=sum(r.error is None for r in todo))
+        log.info("ray: %d %s actor(s), %d pages per call, %d pages", pool.actors, pool.device, pool.batch_pages,
+                 len(todo))
+        if parquet:
+            from edgeocr.parquet_out import ParquetOut
+            out = ParquetOut(args.out)
+        else:
+            out = batchrun.JsonlWriter(args.out)
+        return _drive(args, build(ray, todo, job, pool), todo, out, pool)
+    finally:
+        ray.shutdown()
+
+
+def _drive(args, ds, todo: list[pages.PageRef], out, pool: Pool) -> int:
+    """Write each page's row once as rows come back, with the local run's bar, messages and exit code."""
+    from tqdm import tqdm
+
+    from edgeocr import cli
+
+    show_bar = not args.no_progress and sys.stderr.isatty()
+    sized = show_bar and cli._terminal_sized()
+    bar = tqdm(total=len(todo), unit="page", file=sys.stderr, disable=not show_bar,
+               dynamic_ncols=sized, ncols=None if sized else 80, nrows=None if sized else 24)
+    say = (lambda msg: bar.write(msg, file=sys.stderr)) if show_bar else (lambda msg: print(msg, file=sys.stderr))
+    counts = {"ok": 0, "failed": 0}
+    written: set[int] = set()
+    t0 = time.perf_counter()
+
+    def write(i: int, rec: dict) -> None:
+        if i in written:
+            log.warning("%s came back twice (a retried batch); kept once", todo[i].label)
+            return
+        written.add(i)
+        out.write(rec)
+        ok = "error" not in rec
+        counts["ok" if ok else "failed"] += 1
+        if not ok:
+            say(f"error: {rec['error']['message']}")
+        elif not show_bar:
+            say(cli._summary_line(rec, todo[i].label) + " (ray)")
+        bar.update(1)
+
+    interrupted = False
+    try:
+        for i, ref in enumerate(todo):               # listed on the driver but not openable: no Ray work
+            if ref.error is not None:
+                write(i, batchrun.PageOutcome(ref, error=ref.error).record())
+        for row in ds.iter_rows():
+            write(int(row["index"]), json.loads(row["record"]))
+        for i, ref in enumerate(todo):               # batches that failed ACTOR_RETRIES times
+            if i not in written:
+                write(i, batchrun.PageOutcome(ref, error=RayError(
+                    f"{ref.label}: not recognized: its batch failed on the cluster {ACTOR_RETRIES + 1} times "
+                    f"(actor lost or task error; see the Ray logs)")).record())
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        bar.close()
+        out.close()
+    done = counts["ok"] + counts["failed"]
+    secs = time.perf_counter() - t0
+    print(f"{done} pages in {secs:.1f} s ({done / max(secs, 1e-9):.2f} pages/s): {counts['ok']} ok, "
+          f"{counts['failed']} failed -> {args.out} ({pool.actors} {pool.device} actor(s) on Ray)", file=sys.stderr)
+    if interrupted:
+        print(f"interrupted: {len(todo) - done} of {len(todo)} pages not done; run again with --resume to finish "
+              f"{args.out}", file=sys.stderr)
+        return cli.EXIT_INTERRUPTED
+    return cli.EXIT_ERROR if counts["failed"] else cli.EXIT_OK

@@ -1,0 +1,395 @@
+"""`edgeocr run --ray`: a private Ray on this machine with 2 CPU actors reads the demo model's pages (images, a
+PDF, an unreadable file) to the same texts as the local run; resume; Parquet; an actor killed mid-run; no Ray
+process left behind.  Every Ray process a test starts is recorded while it runs and ended by id afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from edgeocr import batchrun, distributed, pages, parquet_out
+from edgeocr.decode import DecodeOptions
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL = ROOT / "calibration_data" / "eval"
+TOKENS = "16"                         # --max-new-tokens: the texts differ page to page well before this
+COMMON = ["--max-new-tokens", TOKENS, "--threads", "1", "--task", "structured_parse"]
+
+
+# ---------------------------------------------------------------------------------------------- processes
+def _stat(pid: int) -> tuple[int, str, int] | None:
+    """(parent pid, state, start time in ticks) or None when gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def _cpu_ticks(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])           # utime + stime
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+class ProcessWatch:
+    """Runs commands and records every descendant while they run (pid and start time, so a reused pid is never
+    taken for one of ours); `leftovers` are those still running, `end_leftovers` kills them by pid."""
+
+    def __init__(self):
+        self.seen: dict[int, tuple[int, str]] = {}      # pid -> (start ticks, command line)
+
+    def _scan(self, root: int) -> None:
+        children: dict[int, list[int]] = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit() and (st := _stat(int(d))) is not None:
+                children.setdefault(st[0], []).append(int(d))
+        todo = [root]
+        while todo:
+            for c in children.get(todo.pop(), []):
+                st = _stat(c)
+                if st is not None and (c not in self.seen or self.seen[c][0] == st[2]):
+                    self.seen[c] = (st[2], _cmdline(c) or self.seen.get(c, (0, ""))[1])   # a worker renames itself
+                todo.append(c)
+
+    def run(self, args: list, cwd: Path, timeout: float = 240, on_poll=None) -> subprocess.CompletedProcess:
+        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            p = subprocess.Popen([sys.executable, "-m", "edgeocr", "run", *map(str, args)], cwd=cwd, env=env,
+                                 stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            t0 = time.monotonic()
+            try:
+                while p.poll() is None:
+                    self._scan(p.pid)
+                    if on_poll is not None:
+                        on_poll(self)
+                    if time.monotonic() - t0 > timeout:
+                        raise AssertionError(f"edgeocr run {args} still running after {timeout} s")
+                    time.sleep(0.2)
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+            out.seek(0)
+            err.seek(0)
+            return subprocess.CompletedProcess(p.args, p.returncode, out.read(), err.read())
+
+    def pids(self, marker: str) -> set[int]:
+        return {pid for pid, (_, cmd) in self.seen.items() if marker in cmd}
+
+    def leftovers(self) -> list[tuple[int, str]]:
+        out = []
+        for pid, (start, cmd) in self.seen.items():
+            st = _stat(pid)
+            if st is not None and st[2] == start and st[1] != "Z":
+                out.append((pid, cmd))
+        return out
+
+    def end_leftovers(self) -> None:
+        for pid, _ in self.leftovers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def assert_none_left(self, grace_s: float = 15) -> None:
+        t0 = time.monotonic()
+        while self.leftovers() and time.monotonic() - t0 < grace_s:
+            time.sleep(0.3)
+        assert not self.leftovers(), f"processes left running: {self.leftovers()}"
+
+
+@pytest.fixture(scope="module")
+def watch():
+    w = ProcessWatch()
+    tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")     # Ray's sockets live here: the path must stay short
+    old = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = tmp
+    try:
+        yield w
+    finally:
+        w.end_leftovers()                                # also when a test failed half-way
+        if old is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = old
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+@pytest.fixture(scope="module")
+def demo_art(tmp_path_factory):
+    """The demo model with 2 slots: each actor call decodes two pages at once."""
+    from quantize.export import ExportOptions, export
+    out = tmp_path_factory.mktemp("demo") / "fp32-2slots"
+    export(ROOT / "demo_model", out, ExportOptions(cache_len=1536, prefill_len=1280, slots=2))
+    return out
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """in/: 8 held-out pages, a 3-page PDF and an unreadable file = 12 pages."""
+    root = tmp_path_factory.mktemp("ray")
+    d = root / "in"
+    d.mkdir()
+    for i in range(8):
+        shutil.copy(EVAL / f"{i:06d}.jpg", d / f"{i:06d}.jpg")
+    ims = [Image.open(EVAL / f"{i:06d}.jpg").convert("RGB") for i in (10, 11, 12)]
+    ims[0].save(d / "scan.pdf", "PDF", save_all=True, append_images=ims[1:], resolution=150.0)
+    (d / "broken.png").write_bytes(b"not an image")
+    return root
+
+
+def lines_of(path: Path) -> list[dict]:
+    data = path.read_text(encoding="utf-8")
+    assert data.endswith("\n")
+    return [json.loads(s) for s in data.splitlines()]
+
+
+def comparable(rec: dict) -> tuple:
+    """What must agree between a local and a distributed run of a page (timings differ)."""
+    if "error" in rec:
+        return rec["file"], rec["page"], rec["error"]["type"], rec["error"]["message"]
+    return (rec["file"], rec["page"], rec["text"], rec["finish_reason"], rec["generated_tokens"],
+            tuple(rec["image_size"]), rec["task"])
+
+
+def by_key(recs: list[dict]) -> dict:
+    keys = [(r["file"], r["page"]) for r in recs]
+    assert len(keys) == len(set(keys)), f"a page written twice: {sorted(keys)}"
+    return {k: comparable(r) for k, r in zip(keys, recs)}
+
+
+@pytest.fixture(scope="module")
+def local_run(work, demo_art):
+    """The reference: the same pages through `edgeocr run` without Ray (relative paths, as a user types them)."""
+    out = work / "local.jsonl"
+    p = subprocess.run([sys.executable, "-m", "edgeocr", "run", "in", "--model", demo_art, "--out", out, *COMMON],
+                       cwd=work, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert p.returncode == 1, p.stderr                  # 1: the unreadable file
+    recs = lines_of(out)
+    assert len(recs) == 12 and sum("error" in r for r in recs) == 1
+    return by_key(recs)
+
+
+@pytest.fixture(scope="module")
+def ray_run(work, demo_art, watch, local_run):
+    out = work / "ray.jsonl"
+    p = watch.run(["in", "--model", demo_art, "--out", out, "--ray", "local", "--ray-actors", "2", *COMMON],
+                  cwd=work)
+    return p, out
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+def test_two_cpu_actors_read_the_pages_as_the_local_run(ray_run, local_run, watch):
+    p, out = ray_run
+    assert p.returncode == 1, p.stderr                  # as locally: a page failed
+    recs = lines_of(out)
+    assert by_key(recs) == local_run                    # every page once; same texts, same error rows
+    bad = [r for r in recs if "error" in r]
+    assert bad == [{"file": "in/broken.png", "page": None,
+                    "error": {"type": "ImageError", "message": "in/broken.png: not a recognized image format"}}]
+    ok = [r for r in recs if "error" not in r]
+    assert all(set(r["timings_ms"]) >= {"load", "vision", "prefill", "decode", "total"} for r in ok)
+    assert {r["page"] for r in ok if r["file"] == "in/scan.pdf"} == {1, 2, 3}
+    assert "12 pages in" in p.stderr and "11 ok, 1 failed" in p.stderr and "2 cpu actor(s) on Ray" in p.stderr
+    assert "error: in/broken.png: not a recognized image format" in p.stderr
+    assert len(watch.pids("PageActor")) == 2, watch.seen                 # the pool: two actors, each loaded once
+    watch.assert_none_left()
+
+
+def test_resume_a_parquet_file_and_the_journal_of_a_killed_run(ray_run, local_run, work, demo_art, watch):
+    """pages.parquet holds 5 pages and an error row; its journal one more page and a half-written line.  --resume
+    runs the 6 others (the failed one again) and folds everything into one table: the local run's rows."""
+    recs = lines_of(ray_run[1])
+    good = [r for r in recs if "error" not in r]
+    out = work / "pages.parquet"
+    with parquet_out.ParquetOut(out) as w:
+        for r in good[:5]:
+            w.write(r)
+        w.write({"file": good[6]["file"], "page": good[6]["page"], "error": {"type": "X", "message": "y"}})
+    with open(parquet_out.journal_path(out), "w", encoding="utf-8") as j:
+        j.write(json.dumps(good[5], ensure_ascii=False) + "\n" + '{"file": "in/scan.pdf", "pa')
+    p = watch.run(["in", "--model", demo_art, "--out", out, "--resume", "--ray", "local", "--ray-actors", "2",
+                   *COMMON], cwd=work)
+    assert p.returncode == 1, p.stderr
+    assert "6 pages already done, 6 to go (1 error line(s) removed; 1 of those pages run again)" in p.stderr
+    assert "6 pages in" in p.stderr
+    assert not parquet_out.journal_path(out).exists()
+    after = parquet_out.read_records(out)
+    assert after[:6] == good[:6] and by_key(after) == local_run
+    watch.assert_none_left()
+    again = watch.run(["in/scan.pdf", "--model", demo_art, "--out", out, "--resume", "--ray", "local", *COMMON],
+                      cwd=work)                          # (the unreadable file's error row would be tried again)
+    assert again.returncode == 0 and "nothing to do: all 3 pages are in" in again.stderr, again.stderr
+
+
+def test_an_actor_killed_mid_run_loses_and_repeats_no_page(work, demo_art, watch, local_run):
+    out = work / "killed.jsonl"
+    killed: list[int] = []
+    cpu: dict[int, list[int]] = {}                       # actor pid -> CPU ticks at each poll
+
+    def kill_one(w: ProcessWatch) -> None:
+        actors = sorted(pid for pid, cmd in w.leftovers() if "PageActor" in cmd)
+        for pid in actors:
+            cpu.setdefault(pid, []).append(_cpu_ticks(pid))
+        if not killed and actors and out.exists() and out.stat().st_size > 0:   # a call done, the others running
+            work_s = {pid: cpu[pid][-1] - cpu[pid][max(0, len(cpu[pid]) - 5)] for pid in actors}   # last ~1 s
+            busy = max(actors, key=work_s.get)
+            if work_s[busy] > 0:                         # reading pages: killed in the middle of a call
+                os.kill(busy, signal.SIGKILL)
+                killed.append(busy)
+
+    p = watch.run(["in", "--model", demo_art, "--out", out, "--ray", "local", "--ray-actors", "2", *COMMON],
+                  cwd=work, on_poll=kill_one)
+    assert killed, f"no actor was killed: the run ended first\n{p.stderr}"
+    assert p.returncode == 1, p.stderr
+    assert by_key(lines_of(out)) == local_run            # every page exactly once, as locally
+    assert len(watch.pids("PageActor") - set(killed)) >= 2, "the dead actor was not replaced"
+    watch.assert_none_left()
+
+
+# ---------------------------------------------------------------------------------------------- the extra
+def _python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
+
+
+def test_a_local_run_does_not_import_ray(work, demo_art):
+    p = _python("import sys; from edgeocr.cli import main; "
+                f"rc = main(['run', 'in/000000.jpg', '--model', {str(demo_art)!r}, '--max-new-tokens', '2']); "
+                "print('ray' in sys.modules, rc)", work)
+    assert p.stdout.strip().splitlines()[-1] == "False 0", p.stdout + p.stderr
+
+
+def test_without_ray_the_error_names_the_extra(work, demo_art):
+    p = _python("import sys; sys.modules['ray'] = None; from edgeocr.cli import main; "
+                f"sys.exit(main(['run', 'in', '--model', {str(demo_art)!r}, '--ray', '--out', 'x.jsonl']))", work)
+    assert p.returncode == 1 and "--ray needs Ray Data: pip install 'edgeocr[ray]'" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "--ray writes its pages to a file: pass --out FILE.jsonl or FILE.parquet"),
+    (["--out", "o.jsonl", "--remote", "unix:/nowhere.sock"], "--ray and --remote exclude each other"),
+    (["--out", "o.jsonl", "--ray-actors", "0"], "--ray-actors must be a positive integer, got 0"),
+])
+def test_usage_errors(work, demo_art, extra, message):
+    p = _python(f"import sys; from edgeocr.cli import main; sys.exit(main(['run', 'in', '--model', "
+                f"{str(demo_art)!r}, '--ray', 'local', *{extra!r}]))", work)
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+
+
+# ---------------------------------------------------------------------------------------------- pieces
+def test_pool_plan():
+    gpu = distributed.plan_pool({"CPU": 64, "GPU": 8}, None, None, "exact", "cpu", slots=4, pages=1000)
+    assert (gpu.actors, gpu.device, gpu.gpus, gpu.cpus, gpu.batch_pages) == (8, "cuda", 1.0, 1.0, 8)
+    assert gpu.preprocess == "device"                    # the CUDA default when --device was left at cpu
+    cpu = distributed.plan_pool({"CPU": 16}, None, 2, "exact", "cpu", slots=1, pages=1000)
+    assert (cpu.actors, cpu.device, cpu.gpus, cpu.cpus, cpu.threads, cpu.batch_pages) == (7, "cpu", 0.0, 2.0, 2, 2)
+    few = distributed.plan_pool({"CPU": 2}, 2, None, "exact", "cpu", slots=4, pages=3)
+    assert (few.actors, few.batch_pages) == (2, 2)        # both actors get a call
+    # --ray local: the actors' CPUs plus one for the read tasks, whatever the machine has
+    assert distributed.local_cpus(2, 1) >= 2 * 1 + distributed.READ_CPUS
+    assert distributed.local_cpus(3, 2) >= 3 * 2 + distributed.READ_CPUS
+    assert distributed.local_cpus(None, None) == os.cpu_count()
+
+
+def test_actor_turns_a_refused_page_into_an_error_row(demo_art, work):
+    """A page the model refuses inside recognize_many: its row is an error, the other is read as alone."""
+    job = distributed.Job(model=str(demo_art), cwd=str(work), dpi=200, max_pixels=10**8, task="structured_parse",
+                          prompt=None, lang="zh", options=DecodeOptions(max_new_tokens=4), cuda_graph=None)
+    pool = distributed.Pool(1, "cpu", 1.0, 0.0, 1, "exact", 4)
+    actor = distributed.PageActor(job, pool)
+    good = np.asarray(Image.open(EVAL / "000000.jpg").convert("RGB"))
+    bad = np.zeros((200, 300, 3), np.float32)            # not uint8: refused in preparation
+    px = np.empty(2, dtype=object)
+    px[:] = [bad, good]
+    out = actor({"index": np.array([7, 8]), "file": np.array(["a.jpg", "c.pdf"]), "page": np.array([0, 2]),
+                 "pixels": px, "load_ms": np.array([1.0, 2.0]), "record": np.array(["", ""], dtype=object)})
+    assert list(out["index"]) == [7, 8]
+    recs = [json.loads(r) for r in out["record"]]
+    assert recs[0] == {"file": "a.jpg", "page": None,
+                       "error": {"type": "ImageError", "message": "numpy image must be uint8, got float32"}}
+    alone = actor.model.recognize(good, task="structured_parse", options=DecodeOptions(max_new_tokens=4))
+    assert (recs[1]["file"], recs[1]["page"], recs[1]["text"]) == ("c.pdf", 2, alone.text)
+    assert recs[1]["timings_ms"]["load"] == 2.0
+
+
+class _Rows:
+    def __init__(self, rows):
+        self.rows = rows
+
+    def iter_rows(self):
+        return iter(self.rows)
+
+
+def test_driver_writes_each_page_once_and_reports_lost_batches(tmp_path, capsys):
+    """A page that comes back twice is written once; one that never comes back (its batch failed every retry)
+    becomes an error row; a page whose PDF did not open is written without Ray."""
+    from argparse import Namespace
+
+    from edgeocr.errors import ImageError
+
+    todo = [pages.PageRef("a.png", None), pages.PageRef("b.pdf", 1), pages.PageRef("b.pdf", 2),
+            pages.PageRef("c.pdf", None, error=ImageError("c.pdf: not a readable PDF"))]
+    row = {"file": "a.png", "page": None, "text": "x", "finish_reason": "stop", "task": None, "lines": [],
+           "prompt_tokens": 3, "generated_tokens": 1, "image_size": [10, 10], "timings_ms": {"total": 1.0}}
+    rows = [{"index": 0, "record": json.dumps(row)}, {"index": 0, "record": json.dumps(row)},
+            {"index": 2, "record": json.dumps({**row, "file": "b.pdf", "page": 2})}]
+    path = tmp_path / "o.jsonl"
+    args = Namespace(no_progress=True, out=str(path))
+    pool = distributed.Pool(1, "cpu", 1.0, 0.0, 1, "exact", 2)
+    rc = distributed._drive(args, _Rows(rows), todo, batchrun.JsonlWriter(path), pool)
+    recs = lines_of(path)
+    assert rc == 1 and len(recs) == 4
+    assert sorted((r["file"], r["page"] or 0, "error" in r) for r in recs) == \
+        [("a.png", 0, False), ("b.pdf", 1, True), ("b.pdf", 2, False), ("c.pdf", 0, True)]
+    lost = next(r for r in recs if r["page"] == 1)
+    assert lost["error"]["type"] == "RayError" and "failed on the cluster 4 times" in lost["error"]["message"]
+    assert "4 pages in" in capsys.readouterr().err
+
+
+def test_parquet_journal_survives_a_kill_and_is_folded_in(tmp_path):
+    path = tmp_path / "o.parquet"
+    row = {"file": "a.png", "page": None, "text": "x", "finish_reason": "stop", "task": "spotting",
+           "lines": [{"text": "x", "box": [1, 2, 3, 4], "box_norm": [5, 6, 7, 8]}], "prompt_tokens": 3,
+           "generated_tokens": 1, "image_size": [10, 10], "timings_ms": {"total": 1.5, "load": 0.25}}
+    err = {"file": "b.png", "page": None, "error": {"type": "ImageError", "message": "b.png: bad"}}
+    assert parquet_out.prepare(path).kept == 0
+    out = parquet_out.ParquetOut(path)
+    out.write(row)
+    out.write(err)
+    out.journal.close()                                  # killed before close(): no Parquet file, a journal
+    assert not path.exists()
+    with pytest.raises(batchrun.OutputError, match="journal of an interrupted run"):
+        parquet_out.prepare(path)
+    state = parquet_out.prepare(path, resume=True)
+    assert state.done == {("a.png", None)} and state.retried == 1 and state.failed == {("b.png", None)}
+    out = parquet_out.ParquetOut(path)
+    out.write({**row, "file": "b.png"})
+    out.close()
+    assert parquet_out.read_records(path) == [row, {**row, "file": "b.png"}]
+    assert not parquet_out.journal_path(path).exists()
+    with pytest.raises(batchrun.OutputError, match="fields the Parquet schema lacks: colour"):
+        parquet_out.to_table([{**row, "colour": 1}])
