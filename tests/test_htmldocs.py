@@ -189,3 +189,41 @@ def test_tight_line_height_boxes_do_not_take_the_neighbours_ink(renderer):
     for a, b in zip(r.lines, r.lines[1:]):
         assert a.box[3] <= b.box[1] + 1, (a, b)
     assert all(ln.box[3] - ln.box[1] <= 44 for ln in r.lines)      # one line of 40 px type, not two
+
+
+def test_screenshot_asks_again_when_chromium_has_no_frame():
+    """Chromium's transient "Unable to capture screenshot" is retried after an animation frame; any other
+    protocol error, or the transient one past SCREENSHOT_TRIES attempts, is raised."""
+    import base64
+
+    from playwright.sync_api import Error as PlaywrightError
+
+    from quantize.htmldocs import render
+
+    class FakeCdp:
+        def __init__(self, errors):
+            self.errors, self.calls = list(errors), 0
+
+        def send(self, method, params):
+            self.calls += 1
+            if self.errors:
+                raise PlaywrightError(self.errors.pop(0))
+            return {"data": base64.b64encode(b"png").decode()}
+
+    class FakePage:
+        frames = 0
+
+        def evaluate(self, js):
+            FakePage.frames += 1
+
+    r = render.Renderer.__new__(render.Renderer)
+    r._page = FakePage()
+    r._cdp = FakeCdp(["Protocol error (Page.captureScreenshot): Unable to capture screenshot"])
+    assert r._screenshot(10, 10) == b"png" and r._cdp.calls == 2 and FakePage.frames == 1
+    r._cdp = FakeCdp(["Protocol error: Target closed"])
+    with pytest.raises(PlaywrightError, match="Target closed"):
+        r._screenshot(10, 10)
+    r._cdp = FakeCdp(["Unable to capture screenshot"] * render.SCREENSHOT_TRIES)
+    with pytest.raises(PlaywrightError, match="Unable to capture"):
+        r._screenshot(10, 10)
+    assert r._cdp.calls == render.SCREENSHOT_TRIES

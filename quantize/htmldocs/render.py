@@ -40,6 +40,7 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrom
 INK_LEVEL = 200            # text-only render: a pixel darker than this is ink
 EDGE_SLACK_PX = 1          # ink searched this far left/right of a line's layout box (italic overhang)
 OVERLAP_TOL_PX = 1.0       # layout boxes may touch by this much before the later item is hidden
+SCREENSHOT_TRIES = 3       # attempts at a page screenshot (Chromium sometimes has no frame ready yet)
 # A character's layout box is the font's whole content area (Noto CJK: about 1.45 em), taller than the line
 # box at tight line heights, so boxes of stacked lines overlap without their ink touching.  Overlap is
 # judged on the middle of each box (this share cut from the top and from the bottom).
@@ -314,11 +315,24 @@ class Renderer:
         return Rendered(image, gray, tuple(lines))
 
     def _screenshot(self, width: int, height: int) -> bytes:
+        """The page's pixels.  Chromium now and then answers "Unable to capture screenshot" when no compositor
+        frame is ready yet (seen on a loaded 2-core machine): wait for the next animation frame and ask again,
+        up to SCREENSHOT_TRIES times; the pixels do not depend on which attempt returns them."""
         import base64
+
+        from playwright.sync_api import Error as PlaywrightError
         clip = {"x": 0, "y": 0, "width": int(width), "height": int(height), "scale": 1}
-        res = self._cdp.send("Page.captureScreenshot", {"format": "png", "clip": clip, "optimizeForSpeed": True,
-                                                         "captureBeyondViewport": False})
-        return base64.b64decode(res["data"])
+        for attempt in range(SCREENSHOT_TRIES):
+            try:
+                res = self._cdp.send("Page.captureScreenshot", {"format": "png", "clip": clip,
+                                                                 "optimizeForSpeed": True,
+                                                                 "captureBeyondViewport": False})
+                return base64.b64decode(res["data"])
+            except PlaywrightError as e:
+                if "Unable to capture screenshot" not in str(e) or attempt == SCREENSHOT_TRIES - 1:
+                    raise
+                self._page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         try:
