@@ -20,6 +20,20 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 128 + 2                 # SIGINT, as shells report it
 
 
+def _pending(refs: list, state, out) -> list:
+    """The pages of `refs` not yet in `out` (all of them without an output file), with the resume line on
+    stderr; an empty list (and a line saying so) when nothing is left."""
+    todo = [r for r in refs if state is None or r.key not in state.done]
+    if state is not None and (state.kept or state.retried or state.partial_bytes):
+        again = sum(r.key in state.failed for r in todo)
+        print(f"resuming {out}: {state.kept} pages already done, {len(todo)} to go"
+              + (f" ({state.retried} error line(s) removed; {again} of those pages run again)"
+                 if state.retried else ""), file=sys.stderr)
+    if not todo:
+        print(f"nothing to do: all {len(refs)} pages are in {out}", file=sys.stderr)
+    return todo
+
+
 def _run(args) -> int:
     """`edgeocr run`, local or --remote: the same inputs, options, output file and messages."""
     from edgeocr import batchrun, pages
@@ -47,14 +61,8 @@ def _run(args) -> int:
         state = batchrun.prepare_output(args.out, args.resume, args.overwrite) if args.out else None
     except (pages.InputPathError, batchrun.OutputError) as e:
         return _usage(str(e))
-    todo = [r for r in refs if state is None or r.key not in state.done]
-    if state is not None and (state.kept or state.retried or state.partial_bytes):
-        again = sum(r.key in state.failed for r in todo)
-        print(f"resuming {args.out}: {state.kept} pages already done, {len(todo)} to go"
-              + (f" ({state.retried} error line(s) removed; {again} of those pages run again)"
-                 if state.retried else ""), file=sys.stderr)
+    todo = _pending(refs, state, args.out)
     if not todo:
-        print(f"nothing to do: all {len(refs)} pages are in {args.out}", file=sys.stderr)
         return EXIT_OK
     try:
         with pages.PageLoader(dpi=args.dpi, max_pixels=limit) as loader:

@@ -257,14 +257,8 @@ def run(args) -> int:
     except (pages.InputPathError, batchrun.OutputError) as e:
         return cli._usage(str(e))
     slots = artifact.read(Path(args.model)).kv.slots          # a bad --model fails here, before Ray starts
-    todo = [r for r in refs if r.key not in state.done]
-    if state.kept or state.retried or state.partial_bytes:
-        again = sum(r.key in state.failed for r in todo)
-        print(f"resuming {args.out}: {state.kept} pages already done, {len(todo)} to go"
-              + (f" ({state.retried} error line(s) removed; {again} of those pages run again)"
-                 if state.retried else ""), file=sys.stderr)
+    todo = cli._pending(refs, state, args.out)
     if not todo:
-        print(f"nothing to do: all {len(refs)} pages are in {args.out}", file=sys.stderr)
         return cli.EXIT_OK
     job = Job(model=str(Path(args.model).resolve()), cwd=os.getcwd(), dpi=args.dpi, max_pixels=limit,
               task=args.task, prompt=args.prompt, lang=args.lang,

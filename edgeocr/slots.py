@@ -159,7 +159,8 @@ class SlotScheduler:
                 self._tokens[i], self._pos[i] = p.seq.tokens[-1], p.seq.next_pos
             else:
                 self._tokens[i], self._pos[i] = 0, 0
-        self._cos[:], self._sin[:] = self.table_cos[self._pos], self.table_sin[self._pos]
+        np.take(self.table_cos, self._pos, axis=0, out=self._cos)   # gathered into the buffers: no allocation
+        np.take(self.table_sin, self._pos, axis=0, out=self._sin)
         t0 = time.perf_counter()
         decode.decode_one_token(self.session, [p.seq if p else None for p in self.pages], self._tokens,
                                 self._pos, self._cos, self._sin, live, self._next)
