@@ -13,13 +13,9 @@
 # Carry the tarball's checkpoint/ back (e.g. in .carry/) and give it as INIT to continue in a later call.
 # The machine has no fonts: carry a folder made here with `python -m quantize.docgen --subset-fonts .carry/fonts`.
 set -euo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 EDGEOCR_FONT_DIR=${EDGEOCR_FONT_DIR:-$PWD/.carry/fonts}
-RUN=${RUN:-/tmp/edgeocr-cur}
-OUT=${OUT:-$RUN/out}
-mkdir -p "$RUN" "$OUT"
-LOG=$OUT/cur.log
-say() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
-{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true; } | tee -a "$LOG"
+RUN_DEFAULT=/tmp/edgeocr-cur LOG_NAME=cur.log
+# shellcheck source=scripts/gpu_run_common.sh
+source "$(dirname "$0")/gpu_run_common.sh"
 common=(--pool-pages "${POOL_PAGES:-6144}" --batch "${BATCH:-32}" --eval-every 0 --device "${DEVICE:-cuda}")
 names=() secs=() flags=()
 while IFS='|' read -r name s f; do

@@ -14,13 +14,9 @@
 # diag.json, eval.json) and ab.log. The machine has no fonts: carry a folder made here with
 # `python -m quantize.docgen --subset-fonts .carry/fonts`.
 set -euo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 EDGEOCR_FONT_DIR=${EDGEOCR_FONT_DIR:-$PWD/.carry/fonts}
-RUN=${RUN:-/tmp/edgeocr-ab}
-OUT=${OUT:-$RUN/out}
-mkdir -p "$RUN" "$OUT"
-LOG=$OUT/ab.log
-say() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true; } | tee -a "$LOG"
+RUN_DEFAULT=/tmp/edgeocr-ab LOG_NAME=ab.log
+# shellcheck source=scripts/gpu_run_common.sh
+source "$(dirname "$0")/gpu_run_common.sh"
 pool_flags=(--pool-pages "${POOL_PAGES:-3072}" --batch "${BATCH:-32}" --pool-cache "$RUN/pool" --eval-every 0
             --device "${DEVICE:-cuda}")
 read -r -a common <<<"${COMMON:-}"
