@@ -394,7 +394,8 @@ def test_signals_in_every_phase(art_long, tmp_path):
         (tmp_path / sub).mkdir()
     d = stop_in("STATUS=loading", "loading")
     assert "SIGTERM while loading: exiting" in d.logtext() and not d.sock.exists()
-    assert d.notify.seen("STOPPING=1") and not d.notify.seen("READY=1")
+    d.notify.wait_for("STOPPING=1", timeout=5)
+    assert not d.notify.seen("READY=1")
     d.stop()
     d = stop_in("STATUS=warming up", "warming")
     assert "SIGTERM while warming up: exiting" in d.logtext() and not d.sock.exists()
@@ -487,6 +488,7 @@ def test_deadline_stops_generation_and_load_failure_exits_1(art_long, tmp_path):
     try:
         assert d.proc.wait(30) == 1
         assert "cannot load" in d.logtext() and not d.sock.exists()
-        assert d.notify.seen("STATUS=failed to load") and not d.notify.seen("READY=1")
+        d.notify.wait_for("STATUS=failed to load", timeout=5)
+        assert not d.notify.seen("READY=1")
     finally:
         d.stop()

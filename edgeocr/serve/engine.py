@@ -134,10 +134,10 @@ class EngineWorker(threading.Thread):
             self.notifier.status("warming up")
             self._run_alone(warmup_request())
             log.info("warm-up done in %.1f s", time.perf_counter() - t0)
-        self.phase = "ready"
         self.admission.open(self.sched.slots)
         self.notifier.status("ready")
         self.notifier.ready()
+        self.phase = "ready"                 # last: once readiness answers 200, systemd has been told READY=1
 
     def _prepare(self, r: PageRequest):
         """A Future of the request's prepared Page, made on the model's worker pool."""
