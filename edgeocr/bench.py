@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeocr.decode import DecodeOptions
+from edgeocr.selection import RepetitionPenalty
 
 # Peak DRAM bandwidth by GPU name fragment, GB/s (datasheets), for the decode floor.
 BANDWIDTH_GBS = {"H200": 4800.0, "H100": 3350.0, "4090": 1008.0, "Orin": 204.8, "A100": 2039.0, "L4": 300.0}
@@ -136,14 +137,15 @@ def cpu_step_profile(model, last, threads: int | None, steps: int = 8) -> dict:
         token = np.full((n,), last.token_ids[-1] if last.token_ids else art.tokens.pad, np.int64)
         live = np.zeros((n,), bool)
         live[0] = True
+        nxt = np.zeros((n,), np.int64)
+        select = s.selection()
+        if select.where == "host":            # a seen set for the slot the profile steps
+            select.penalties[0] = RepetitionPenalty(s.vocab_size, 1.0, token[:1])
         for k in range(steps + 1):
             pos = np.zeros((n,), np.int64)
             pos[0] = start + k
             t = time.perf_counter()
-            if s.selects:
-                s.step_tokens(token, pos, model.table_cos[pos], model.table_sin[pos], live)
-            else:
-                s.step(token, pos, model.table_cos[pos], model.table_sin[pos], live)
+            select.next(token, pos, model.table_cos[pos], model.table_sin[pos], live, nxt)
             walls.append((time.perf_counter() - t) * 1e3)
         trace = s.decoder.end_profiling()
     finally:
@@ -242,7 +244,7 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
         bandwidth_floor_ms=floor, step_copies=step_copies(m),
         threads=thread_label(threads) if device == "cpu" else "", cpu_profile=prof,
         flavour=(f"attention {m.decoder.attention}, selection "
-                 f"{'in graph' if model.session.selects else 'host'}, "
+                 f"{'in graph' if m.decoder.select_on_device else 'host'}, "
                  f"CUDA graph {'on' if getattr(model.session, 'cuda_graph', False) else 'off'}"),
         preprocess=preprocess)
 

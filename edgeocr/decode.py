@@ -1,25 +1,23 @@
-"""Greedy decoding steps over a Session with HunyuanOCR's decoding contract (spec §7.4).
+"""A page's decoding: HunyuanOCR's decoding contract (spec §7.4) and the per-page state it needs.
 
 The contract: greedy argmax after an HF-style repetition penalty over every unique id in prompt + output
 (image slots included), stop on the checkpoint's stop ids, stop on tail repetition, cap at max_new_tokens.
 
-Named steps, each over every slot of the session at once (edgeocr.slots runs the loop):
-  prefill           one sequence's prompt into its slot -> its first token
-  decode_one_token  one step of every slot -> each slot's next token, selected on the host
-                    (`select_on_host`: penalty + argmax over the logits) or in the graph (`DeviceSelectSession`)
-  finish_reason     whether a sequence ends with the token it just produced
+What each step of a page's decoding needs besides the graph run (edgeocr.slots runs the loop, through the
+session's token selection strategy, edgeocr.selection):
+  DecodeOptions  a request's decoding options, validated
+  Sequence       one page's decoding state while it holds a slot
+  finish_reason  whether a sequence ends with the token it just produced
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 
-from edgeocr.backends.base import Session
 from edgeocr.errors import PromptError
 
 
@@ -68,10 +66,8 @@ class Sequence:
     penalty: float                                       # repetition penalty in force
     tokens: list[int] = field(default_factory=list)      # generated ids, stop id included
     finish_reason: FinishReason | None = None            # None while it goes on
-    penalize: "RepetitionPenalty | None" = None          # host selection only
     next_check: int = 0                                  # text length of the next tail-repetition check
-    prefill_ms: float = 0.0
-    first_token_ms: float = 0.0                          # prefill end -> first token chosen
+    prefill_ms: float = 0.0                              # prefill and first token chosen
     decode_ms: float = 0.0                               # first token -> last token
     step_ms: list[float] = field(default_factory=list)   # wall time of each decode step it took part in
 
@@ -79,28 +75,6 @@ class Sequence:
     def next_pos(self) -> int:
         """Cache row the next step writes (the last token's)."""
         return len(self.prompt_ids) + len(self.tokens) - 1
-
-
-class RepetitionPenalty:
-    """HF semantics: for each unique id seen, logit / p if logit > 0 else logit * p."""
-
-    def __init__(self, vocab: int, penalty: float, prompt_ids: np.ndarray):
-        self.p = np.float32(penalty)
-        self.seen = np.zeros(vocab, dtype=bool)
-        self.seen[np.asarray(prompt_ids, np.int64)] = True
-        self.ids = np.flatnonzero(self.seen)
-
-    def add(self, token: int) -> None:
-        if not self.seen[token]:
-            self.seen[token] = True
-            self.ids = np.append(self.ids, token)
-
-    def __call__(self, logits: np.ndarray) -> np.ndarray:
-        if self.p == 1.0:
-            return logits
-        sel = logits[self.ids]
-        logits[self.ids] = np.where(sel < 0, sel * self.p, sel / self.p)
-        return logits
 
 
 def tail_repeats(text: str, window: int, min_repeats: int, max_unit: int = 256) -> bool:
@@ -115,43 +89,6 @@ def tail_repeats(text: str, window: int, min_repeats: int, max_unit: int = 256) 
         if tail.endswith(unit * min_repeats):
             return True
     return False
-
-
-def prefill(session: Session, slot: int, seq: Sequence, cos: np.ndarray, sin: np.ndarray) -> int:
-    """Write `seq`'s prompt into `slot` and return its first token.  cos/sin: [S, D] for the prompt."""
-    t0 = time.perf_counter()
-    if session.selects:
-        session.begin(slot, seq.prompt_ids, seq.penalty)
-        tok = session.prefill_token(slot, seq.prompt_ids, cos, sin)
-        seq.prefill_ms = (time.perf_counter() - t0) * 1e3
-    else:
-        logits = session.prefill(slot, seq.prompt_ids, cos, sin)
-        t1 = time.perf_counter()
-        seq.prefill_ms = (t1 - t0) * 1e3
-        seq.penalize = RepetitionPenalty(session.vocab_size, seq.penalty, seq.prompt_ids)
-        tok = int(np.argmax(seq.penalize(logits)))
-        seq.first_token_ms = (time.perf_counter() - t1) * 1e3
-    seq.next_check = seq.options.tail_min_chars
-    return tok
-
-
-def select_on_host(logits: np.ndarray, seqs: list[Sequence | None], prev: np.ndarray, out: np.ndarray) -> None:
-    """Each live slot's next token: mark its previous token seen, penalize, argmax.  logits: [N, V]."""
-    for i, seq in enumerate(seqs):
-        if seq is not None:
-            seq.penalize.add(int(prev[i]))
-            out[i] = int(np.argmax(seq.penalize(logits[i])))
-
-
-def decode_one_token(session: Session, seqs: list[Sequence | None], tokens: np.ndarray, pos: np.ndarray,
-                     cos: np.ndarray, sin: np.ndarray, live: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """One decode step of every slot.  tokens/pos [N] (each live slot's last token and its row), cos/sin
-    [N, D], live [N] bool; the next tokens go into `out` [N] int64 (idle slots: don't-care)."""
-    if session.selects:
-        out[:] = session.step_tokens(tokens, pos, cos, sin, live)
-    else:
-        select_on_host(session.step(tokens, pos, cos, sin, live), seqs, tokens, out)
-    return out
 
 
 def finish_reason(seq: Sequence, tok: int, cache_len: int,

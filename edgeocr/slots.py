@@ -23,6 +23,7 @@ import numpy as np
 from edgeocr import decode
 from edgeocr.decode import DecodeOptions, FinishReason, Sequence
 from edgeocr.prepare import Prepared, Preparer
+from edgeocr.selection import Selection
 
 
 @dataclass(frozen=True)
@@ -84,14 +85,16 @@ class _Slot:
 class SlotScheduler:
     """Admits prepared pages into the session's slots and steps them (see module doc).
 
-    Collaborators, given explicitly: `session` (edgeocr.backends.base.Session), `preparer` (its `pixels` runs
-    at admission: the device strategy's graph), `tokenizer` (stop checks on text, streaming deltas),
-    `results` (finished sequence -> OCRResult), `text_rope` ((cos, sin) [cache_len, D] float32 each: the
-    RoPE rows of generated tokens).  Not thread-safe: one thread drives a scheduler."""
+    Collaborators, given explicitly: `session` (edgeocr.backends.base.Session), `selection` (its token
+    selection strategy, edgeocr.selection; default: the one the session's artifact needs), `preparer` (its
+    `pixels` runs at admission: the device strategy's graph), `tokenizer` (stop checks on text, streaming
+    deltas), `results` (finished sequence -> OCRResult), `text_rope` ((cos, sin) [cache_len, D] float32 each:
+    the RoPE rows of generated tokens).  Not thread-safe: one thread drives a scheduler."""
 
     def __init__(self, session, preparer: Preparer, tokenizer, results: Callable, text_rope: tuple,
-                 deltas: bool = False):
+                 deltas: bool = False, selection: Selection | None = None):
         self.session, self.preparer, self.tokenizer, self.results = session, preparer, tokenizer, results
+        self.selection = selection if selection is not None else session.selection()
         self.table_cos, self.table_sin = text_rope
         self.slots = n = session.slots
         self.deltas = deltas                               # compute text deltas per token (streaming)
@@ -135,8 +138,10 @@ class SlotScheduler:
         self.session.encode_image(self.preparer.pixels(page.prep))
         vision_ms = (time.perf_counter() - t_admit) * 1e3
         seq = Sequence(prompt_ids=page.prompt.ids, options=page.options, stop_ids=page.stop_ids,
-                       penalty=page.penalty)
-        tok = decode.prefill(self.session, slot, seq, page.prompt.cos, page.prompt.sin)
+                       penalty=page.penalty, next_check=page.options.tail_min_chars)
+        t_prefill = time.perf_counter()
+        tok = self.selection.first(slot, seq.prompt_ids, seq.penalty, page.prompt.cos, page.prompt.sin)
+        seq.prefill_ms = (time.perf_counter() - t_prefill) * 1e3
         held = _Slot(tag, seq, page.prep, page.task, vision_ms, t_admit, t_first=time.perf_counter())
         events: list[SlotEvent] = []
         self._emit(held, tok, events)
@@ -162,8 +167,7 @@ class SlotScheduler:
         np.take(self.table_cos, self._pos, axis=0, out=self._cos)   # gathered into the buffers: no allocation
         np.take(self.table_sin, self._pos, axis=0, out=self._sin)
         t0 = time.perf_counter()
-        decode.decode_one_token(self.session, [p.seq if p else None for p in self.pages], self._tokens,
-                                self._pos, self._cos, self._sin, live, self._next)
+        self.selection.next(self._tokens, self._pos, self._cos, self._sin, live, self._next)
         dt = (time.perf_counter() - t0) * 1e3
         for i in np.flatnonzero(live):
             held = self.pages[i]

@@ -253,6 +253,7 @@ def cmd_ttft(a) -> int:
 
     model = OCRModel(a.artifact, device=a.device)
     s = model.session
+    select = s.selection()                        # the artifact's token selection (edgeocr.selection)
     canvas, pad = model.image_spec.canvas, model.image_spec.pad_value
     dev = DevicePreprocessor(device=a.device, canvas=canvas, pad_value=pad)
     penalty = model.artifact.repetition_penalty
@@ -280,10 +281,7 @@ def cmd_ttft(a) -> int:
         s.encode_image(pixels)                    # host array, or device pixels (an OrtValue)
         ids = model.prompt_ids(instruction)
         cos, sin = model.rope_tables(ids)
-        if s.selects:
-            s.begin(0, ids, penalty)
-            return s.prefill_token(0, ids, cos, sin)
-        return int(np.argmax(s.prefill(0, ids, cos, sin)))
+        return select.first(0, ids, penalty, cos, sin)
 
     out = {"artifact": a.artifact, "image": a.image, "device": a.device, "precision": model.artifact.precision,
            "fusion": model.artifact.export.get("fusion", {}).get("target"), "paths": {}}

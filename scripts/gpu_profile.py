@@ -60,20 +60,18 @@ def profile_cuda(artifact: str, steps: int, cuda_graph: bool) -> list[dict]:
     n = s.slots
     toks, pos, live = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
     live[0] = True                                  # one page in slot 0 (the others ride along idle)
+    nxt = np.zeros(n, np.int64)
 
-    def begin():                                    # once per request, outside the profiles
-        if s.selects:
-            s.begin(0, ids, penalty)
+    select = s.selection()                          # the artifact's token selection (edgeocr.selection)
 
     def prefill():
-        toks[0] = s.prefill_token(0, ids, cos, sin) if s.selects else int(np.argmax(s.prefill(0, ids, cos, sin)))
+        toks[0] = select.first(0, ids, penalty, cos, sin)
 
     def decode(steps):
         for k in range(steps):
             pos[0] = len(ids) + k
             c, si = m.table_cos[pos], m.table_sin[pos]
-            nxt = s.step_tokens(toks, pos, c, si, live) if s.selects else s.step(toks, pos, c, si, live).argmax(-1)
-            toks[0] = nxt[0]
+            toks[0] = select.next(toks, pos, c, si, live, nxt)[0]
 
     def profiled(fn):
         """(CUDA kernels [(name, us)], wall ms) of fn()."""
@@ -85,12 +83,10 @@ def profile_cuda(artifact: str, steps: int, cuda_graph: bool) -> list[dict]:
         return [(e.name, e.device_time) for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA], wall
 
     s.encode_image(prep.pixels)                     # warm-up (and graph capture)
-    begin()
     prefill()
     decode(8)
     torch.cuda.synchronize()
     out = [_summary("vision", *profiled(lambda: s.encode_image(prep.pixels)))]
-    begin()
     out.append(_summary(f"prefill ({len(ids)} tokens)", *profiled(prefill)))
     ks, wall = profiled(lambda: decode(steps))
     out.append(_summary("decode", ks, wall, per=steps))

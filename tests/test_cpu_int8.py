@@ -45,13 +45,13 @@ def _forced_agreement(ref: OCRModel, cand: OCRModel, path, tokens) -> float:
         cos, sin = model.rope_tables(ids)
         s = model.session
         s.encode_image(prep.pixels)
-        s.begin(0, ids, 1.0)
-        out = [s.prefill_token(0, ids, cos, sin)]
-        live = np.ones((1,), bool)
+        select = s.selection()
+        out = [select.first(0, ids, 1.0, cos, sin)]
+        live, nxt = np.ones((1,), bool), np.zeros((1,), np.int64)
         for n, t in enumerate(tokens[:-1]):
             pos = np.asarray([len(ids) + n], np.int64)
-            out.append(int(s.step_tokens(np.asarray([t], np.int64), pos, model.table_cos[pos], model.table_sin[pos],
-                                         live)[0]))
+            out.append(int(select.next(np.asarray([t], np.int64), pos, model.table_cos[pos], model.table_sin[pos],
+                                       live, nxt)[0]))
         return np.asarray(out)
     a, b = picks(ref), picks(cand)
     assert (a == np.asarray(tokens)).all()              # the forcing replays the reference's own choices

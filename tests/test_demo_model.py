@@ -69,7 +69,8 @@ def test_gqa_in_place_and_device_selection_give_the_same_tokens(demo_art, tmp_pa
     export(DEMO, fast_dir, ExportOptions(cache_len=1536, prefill_len=1280, attention="gqa",
                                          select_on_device=True))
     fast, ref_model = OCRModel(fast_dir), OCRModel(demo_art)
-    assert fast.session.selects and fast.session.inplace and not ref_model.session.selects
+    assert fast.session.selection().where == "graph" and fast.session.inplace
+    assert ref_model.session.selection().where == "host"
     for s, pen in zip(load_dir(EVAL)[:2], (None, 1.3)):
         opts = DecodeOptions(max_new_tokens=150, repetition_penalty=pen)
         a = fast.recognize(s.path, task="spotting", options=opts)

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from conftest import make_image
-from edgeocr import decode, preprocess, prompts, rope
+from edgeocr import preprocess, prompts, rope, selection
 from edgeocr.decode import DecodeOptions
 from edgeocr.model import OCRModel
 
@@ -25,7 +25,7 @@ class Recorder:
     def __init__(self, inner):
         self.inner, self.logits = inner, []
         self.name, self.slots, self.cache_len = inner.name, inner.slots, inner.cache_len
-        self.vocab_size, self.selects = inner.vocab_size, inner.selects
+        self.vocab_size = inner.vocab_size
 
     def encode_image(self, pixels):
         return self.inner.encode_image(pixels)
@@ -42,6 +42,10 @@ class Recorder:
 
     def memory_bytes(self):
         return self.inner.memory_bytes()
+
+    def selection(self):
+        from edgeocr.selection import HostSelection
+        return HostSelection(self)                      # over the recorded logits
 
 
 def run_recorded(model: OCRModel, image, task=None, prompt=None, lang="zh", n=N_STEPS):
@@ -223,10 +227,10 @@ def test_repetition_penalty_matches_hf_processor():
     rng = np.random.default_rng(0)
     logits = rng.standard_normal(50).astype(np.float32) * 3
     ids = np.array([3, 7, 7, 11, 49, 0])
-    ours = decode.RepetitionPenalty(50, 1.08, ids)(logits.copy())
+    ours = selection.RepetitionPenalty(50, 1.08, ids)(logits.copy())
     theirs = RepetitionPenaltyLogitsProcessor(1.08)(torch.from_numpy(ids)[None], torch.from_numpy(logits)[None])
     np.testing.assert_allclose(ours, theirs[0].numpy(), rtol=1e-6)
-    rp = decode.RepetitionPenalty(50, 1.08, ids)
+    rp = selection.RepetitionPenalty(50, 1.08, ids)
     rp.add(20)
     rp.add(20)
     assert sorted(rp.ids.tolist()) == [0, 3, 7, 11, 20, 49]

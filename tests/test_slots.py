@@ -165,6 +165,10 @@ def test_slot_step_reads_only_its_own_rows(slot_arts):
             seen.append(out.copy())
             return out
 
+        def selection(self):
+            from edgeocr.selection import HostSelection
+            return HostSelection(self)             # selects over the tapped logits
+
     model.session = Tap()
     try:
         model.recognize(a, options=opts)

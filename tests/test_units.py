@@ -93,18 +93,55 @@ def test_letterbox_geometry():
 
 
 def test_backends_keep_the_session_signature():
-    """Every backend implements the one narrow seam with the same signatures."""
+    """Every backend implements the one narrow seam with the same signatures, and each token selection strategy
+    the Selection protocol's; the only selection methods a session has are its `selection()` factory's."""
     import inspect
 
-    from edgeocr.backends.base import DeviceSelectSession, Session
-    from edgeocr.backends.ort import GqaSession, MaskedSession
-    from edgeocr.backends.tensorrt import TrtSession
+    from edgeocr.backends.base import Session
+    from edgeocr.backends.ort import GqaSession, MaskedSession, OrtGraphSelection
+    from edgeocr.backends.tensorrt import TrtGraphSelection, TrtSession
+    from edgeocr.selection import HostSelection, Selection
     for cls in (MaskedSession, GqaSession, TrtSession):
-        for name in ("encode_image", "prefill", "step", "memory_bytes", "begin", "prefill_token", "step_tokens"):
-            want = list(inspect.signature(getattr(DeviceSelectSession, name)).parameters)
+        for name in ("encode_image", "prefill", "step", "memory_bytes", "selection"):
+            want = list(inspect.signature(getattr(Session, name)).parameters)
             got = list(inspect.signature(getattr(cls, name)).parameters)
             assert got == want, (cls.__name__, name, got, want)
-    assert Session in DeviceSelectSession.__mro__
+        for gone in ("selects", "begin", "prefill_token", "step_tokens"):
+            assert not hasattr(cls, gone), (cls.__name__, gone)
+    for cls in (HostSelection, OrtGraphSelection, TrtGraphSelection):
+        assert cls.where in ("host", "graph")
+        for name in ("first", "next"):
+            want = list(inspect.signature(getattr(Selection, name)).parameters)
+            got = list(inspect.signature(getattr(cls, name)).parameters)
+            assert got == want, (cls.__name__, name, got, want)
+
+
+def test_host_selection_penalizes_per_slot():
+    """Host selection keeps each slot's seen ids apart: a token seen in slot 0 is penalized there only, and a
+    slot's first() starts its seen set from its own prompt."""
+    import numpy as np
+
+    from edgeocr.selection import HostSelection
+
+    class Fixed:                                   # a two-slot session whose logits never change
+        slots, vocab_size = 2, 4
+        logits = np.asarray([[1.0, 0.9, 0.1, 0.0]] * 2, np.float32)
+
+        def prefill(self, slot, ids, cos, sin):
+            return self.logits[0].copy()
+
+        def step(self, tokens, pos, cos, sin, live):
+            return self.logits.copy()
+
+    sel = HostSelection(Fixed())
+    z = np.zeros((1, 1), np.float32)
+    assert sel.first(0, np.asarray([3]), 2.0, z, z) == 0          # 1.0 beats 0.9: nothing seen penalizes them
+    assert sel.first(1, np.asarray([0]), 20.0, z, z) == 1         # id 0 is in slot 1's prompt: 1.0/20 < 0.9
+    out = np.zeros(2, np.int64)
+    sel.next(np.asarray([0, 1]), np.zeros(2, np.int64), z, z, np.asarray([True, True]), out)
+    assert out.tolist() == [1, 2]       # slot 0 saw 0 (0.5 < 0.9); slot 1 saw 0 and 1 (0.05, 0.045 < 0.1)
+    with pytest.raises(RuntimeError, match="slot 0 is live but was never started"):
+        HostSelection(Fixed()).next(np.asarray([0, 0]), np.zeros(2, np.int64), z, z, np.asarray([True, False]), out)
 
 
 def test_python_api_and_cli_share_task_names():

@@ -2,7 +2,8 @@
 
 A session owns its graphs and its static KV cache of `slots` sequences, allocated once at load.  The caller
 owns the positions: `prefill` writes rows [0, S) of one slot, `step` writes row `pos[i]` of every slot i.
-Host-side RoPE tables come in as float32 arrays; logits come back as float32 on the host.
+Host-side RoPE tables come in as float32 arrays; logits come back as float32 on the host.  How tokens are chosen
+from a run is the session's token selection strategy (`selection()`, edgeocr.selection), fixed by its artifact.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from edgeocr.selection import Selection
+
 
 @runtime_checkable
 class Session(Protocol):
@@ -18,7 +21,6 @@ class Session(Protocol):
     slots: int           # sequences decoded at once
     cache_len: int       # static KV cache rows per slot, tokens
     vocab_size: int
-    selects: bool        # True: the graph selects tokens (DeviceSelectSession's methods are the ones to use)
 
     def encode_image(self, pixels: np.ndarray) -> None:
         """pixels: [1, 3, S, S] float32 normalized -> image embeddings, kept for the next prefill."""
@@ -39,22 +41,7 @@ class Session(Protocol):
         """{"kv_cache": bytes held by the static KV cache, ...}."""
         ...
 
-
-@runtime_checkable
-class DeviceSelectSession(Session, Protocol):
-    """A session whose graph does the greedy selection itself (`selects` is True): the repetition penalty over
-    the ids marked seen, then argmax; only token ids cross to the host.  Same contract as edgeocr.decode's
-    host selection."""
-
-    def begin(self, slot: int, prompt_ids: np.ndarray, penalty: float) -> None:
-        """A new sequence in `slot`: mark its prompt's ids seen, set its penalty."""
-        ...
-
-    def prefill_token(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> int:
-        """prefill, returning the first selected token."""
-        ...
-
-    def step_tokens(self, token_ids: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray,
-                    live: np.ndarray) -> np.ndarray:
-        """Mark each live slot's token seen, run the step, return the next token of every slot, [N] int64."""
+    def selection(self) -> "Selection":
+        """A token selection strategy over this session (edgeocr.selection): host selection over the logits, or
+        the graph's own when the artifact selects on device.  One per scheduler: it holds per-slot state."""
         ...

@@ -62,7 +62,8 @@ def open_ort_session(path: Path, art: Artifact, device: str = "cpu", threads: in
 
 
 class OrtSession:
-    """Implements edgeocr.backends.base.Session (and DeviceSelectSession when the graph selects)."""
+    """Implements edgeocr.backends.base.Session; its token selection is OrtGraphSelection when the artifact's
+    graph selects, edgeocr.selection.HostSelection otherwise."""
 
     attention = ""              # the flavour's decoder attention
     inplace = False             # the graph updates the cache itself
@@ -76,7 +77,7 @@ class OrtSession:
         self.layers, self.kv_heads, self.head_dim = kv.layers, kv.kv_heads, kv.head_dim
         self.vocab_size, self.hidden = art.vocab_size, art.hidden_size
         self.prefill_len = art.decoder.prefill_len
-        self.selects = art.decoder.select_on_device
+        self._graph_select = art.decoder.select_on_device     # seen/penalty in, next_token out
         self.kv_dtype = _NP[kv.dtype]
         self.emb_dtype = _NP[art.decoder.dtype_of("image_embeds")]
         if _NP[art.vision.dtype_of("image_embeds")] != self.emb_dtype:
@@ -108,7 +109,7 @@ class OrtSession:
 
     # ------------------------------------------------------------ setup
     def _want_cuda_graph(self, cuda_graph: bool | None) -> bool:
-        possible = self.device == "cuda" and self.inplace and self.selects
+        possible = self.device == "cuda" and self.inplace and self._graph_select
         if cuda_graph is None:           # auto: on wherever the artifact allows it
             return possible
         if cuda_graph and not possible:
@@ -166,7 +167,7 @@ class OrtSession:
         self.h_ids = np.zeros((n, 1), np.int64)                            # host staging of step inputs
         self.h_cos, self.h_sin = np.zeros((n, 1, d), np.float32), np.zeros((n, 1, d), np.float32)
         self.h_len = np.zeros((n,), self._len_dtype)
-        if self.selects:
+        if self._graph_select:
             self.seen = mem.alloc((n, self.vocab_size), np.float32)       # [N, V] 1 = penalized id
             self.penalty = mem.alloc((n,), np.float32)                     # [N]
             self.next = mem.alloc((n,), np.int64)                          # [N] the graph's choice per slot
@@ -211,7 +212,7 @@ class OrtSession:
         self._bind(b, self._len_name, self.st_len)
         self._bind_caches(b, None)
         self._bind(b, "logits", self.logits, output=True)
-        if self.selects:
+        if self._graph_select:
             self._bind(b, "seen", self.seen)
             self._bind(b, "penalty", self.penalty)
             self._bind(b, "next_token", self.next, output=True)
@@ -254,7 +255,7 @@ class OrtSession:
         self._bind(b, self._len_name, self.pf_len)
         self._bind_caches(b, slot)
         self._bind(b, "logits", self.logits, [1, self.vocab_size], index=0, output=True)
-        if self.selects:
+        if self._graph_select:
             self._bind(b, "seen", self.seen, [1, self.vocab_size], index=slot)
             self._bind(b, "penalty", self.penalty, [1], index=slot)
             self._bind(b, "next_token", self.pf_next, output=True)
@@ -292,29 +293,9 @@ class OrtSession:
         self._step(token_ids, pos, cos, sin, live)
         return self.mem.read(self.logits, self.h_logits)
 
-    # ------------------------------------------------------------ selection in the graph
-    def begin(self, slot: int, prompt_ids: np.ndarray, penalty: float) -> None:
-        """A new sequence in `slot`: only its prompt's ids are marked seen; its repetition penalty."""
-        if not self.selects:
-            raise BackendError("this artifact selects tokens on the host (exported without --select-on-device)")
-        row = np.zeros((self.vocab_size,), np.float32)
-        row[np.asarray(prompt_ids, np.int64)] = 1.0
-        self.mem.write(self.seen, row, offset=slot * self.vocab_size)
-        self.mem.write(self.penalty, np.asarray([penalty], np.float32), offset=slot)
-
-    def prefill_token(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> int:
-        """prefill, returning the graph's first choice (8 bytes back, no logits)."""
-        self._prefill(slot, input_ids, cos, sin)
-        return int(self.mem.read(self.pf_next, self.first_tokens)[0])
-
-    def step_tokens(self, token_ids: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray,
-                    live: np.ndarray) -> np.ndarray:
-        """Mark each live slot's incoming token seen, run the step, return the graph's choices [N] int64
-        (a view, valid until the next call)."""
-        for slot in np.flatnonzero(live):
-            self.mem.write(self.seen, self.h_one, offset=int(slot) * self.vocab_size + int(token_ids[slot]))
-        self._step(token_ids, pos, cos, sin, live)
-        return self.mem.read(self.next, self.h_next)
+    def selection(self):
+        from edgeocr.selection import HostSelection
+        return OrtGraphSelection(self) if self._graph_select else HostSelection(self)
 
     def memory_bytes(self) -> dict:
         return {"kv_cache": self.art.kv.bytes}
@@ -415,3 +396,33 @@ class GqaSession(OrtSession):
         # on CUDA always the cache length: the kernel's work split follows it, and a value taken from the other
         # slots' lengths would make a page's numerics depend on its neighbours
         self.st_total[...] = self.cache_len if self.device == "cuda" else int(pos.max()) + 1
+
+
+class OrtGraphSelection:
+    """edgeocr.selection's graph selection on an OrtSession: the penalty and argmax run in the decoder graph over
+    the session's per-slot `seen` rows and penalties; only token ids come back (8 bytes per slot)."""
+
+    where = "graph"
+
+    def __init__(self, session: OrtSession):
+        self.s = session
+
+    def first(self, slot: int, prompt_ids: np.ndarray, penalty: float, cos: np.ndarray, sin: np.ndarray) -> int:
+        s = self.s
+        if not 0 <= slot < s.slots:
+            raise IndexError(f"slot {slot} outside [0, {s.slots})")
+        row = np.zeros((s.vocab_size,), np.float32)         # only the prompt's ids are marked seen
+        row[np.asarray(prompt_ids, np.int64)] = 1.0
+        s.mem.write(s.seen, row, offset=slot * s.vocab_size)
+        s.mem.write(s.penalty, np.asarray([penalty], np.float32), offset=slot)
+        s._prefill(slot, prompt_ids, cos, sin)
+        return int(s.mem.read(s.pf_next, s.first_tokens)[0])
+
+    def next(self, tokens: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray, live: np.ndarray,
+             out: np.ndarray) -> np.ndarray:
+        s = self.s
+        for slot in np.flatnonzero(live):                     # each live slot's incoming token joins its seen set
+            s.mem.write(s.seen, s.h_one, offset=int(slot) * s.vocab_size + int(tokens[slot]))
+        s._step(tokens, pos, cos, sin, live)
+        out[:] = s.mem.read(s.next, s.h_next)
+        return out

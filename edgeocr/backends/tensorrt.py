@@ -127,7 +127,7 @@ class TrtSession:
         self.layers, self.kvh, self.hd, self.cache_len = kv.layers, kv.kv_heads, kv.head_dim, kv.cache_len
         self.slots, self.vocab_size, self.hidden = 1, m.vocab_size, m.hidden_size
         self.kv_dtype = _NP[kv.dtype]
-        self.selects = m.decoder.select_on_device
+        self._graph_select = m.decoder.select_on_device
         self.name = name.replace("_", "-")
         self._logger = make_logger(trt)
         self._runtime = trt.Runtime(self._logger)        # outlives the engines
@@ -217,10 +217,6 @@ class TrtSession:
         self._prefill(slot, input_ids, cos, sin)
         return self._fetch("logits", "logits")[0]
 
-    def prefill_token(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> int:
-        self._prefill(slot, input_ids, cos, sin)
-        return int(self._fetch("next", "next_token")[0])
-
     def _decode(self, token_id: int, pos: int, cos: np.ndarray, sin: np.ndarray) -> None:
         if not 0 <= pos < self.cache_len:
             raise IndexError(f"cache position {pos} outside [0, {self.cache_len})")
@@ -245,20 +241,38 @@ class TrtSession:
         self._decode(int(token_ids[0]), int(pos[0]), cos[0], sin[0])
         return self._fetch("logits", "logits")           # [1, V], a view valid until the next step (as on ORT)
 
-    def begin(self, slot: int, prompt_ids: np.ndarray, penalty: float) -> None:
-        seen = np.zeros((1, self.vocab_size), np.float32)
-        seen[0, np.asarray(prompt_ids, np.int64)] = 1.0
-        self._h2d("seen", seen)
-        self._h2d("penalty", np.asarray([penalty], np.float32))
-        self.cuda.stream_sync(self.stream)
-
-    def step_tokens(self, token_ids: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray,
-                    live: np.ndarray) -> np.ndarray:
-        self.cuda.memcpy_async(self.ptr["seen"] + 4 * int(token_ids[0]), self._pin["one"].ctypes.data, 4, "htod",
-                               self.stream)
-        self._decode(int(token_ids[0]), int(pos[0]), cos[0], sin[0])
-        return self._fetch("next", "next_token")
-
     def memory_bytes(self) -> dict:
         kv = sum(b.nbytes for n, b in self.plan.buffers.items() if n.startswith("cache_"))
         return {"kv_cache": kv, "device_buffers": self.plan.total_bytes}
+
+    def selection(self):
+        from edgeocr.selection import HostSelection
+        return TrtGraphSelection(self) if self._graph_select else HostSelection(self)
+
+
+class TrtGraphSelection:
+    """edgeocr.selection's graph selection on a TrtSession (one slot): the seen row and penalty live in the
+    engine's buffers, only the token id comes back."""
+
+    where = "graph"
+
+    def __init__(self, session: TrtSession):
+        self.s = session
+
+    def first(self, slot: int, prompt_ids: np.ndarray, penalty: float, cos: np.ndarray, sin: np.ndarray) -> int:
+        s = self.s
+        seen = np.zeros((1, s.vocab_size), np.float32)
+        seen[0, np.asarray(prompt_ids, np.int64)] = 1.0
+        s._h2d("seen", seen)
+        s._h2d("penalty", np.asarray([penalty], np.float32))
+        s.cuda.stream_sync(s.stream)
+        s._prefill(slot, prompt_ids, cos, sin)
+        return int(s._fetch("next", "next_token")[0])
+
+    def next(self, tokens: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray, live: np.ndarray,
+             out: np.ndarray) -> np.ndarray:
+        s = self.s
+        s.cuda.memcpy_async(s.ptr["seen"] + 4 * int(tokens[0]), s._pin["one"].ctypes.data, 4, "htod", s.stream)
+        s._decode(int(tokens[0]), int(pos[0]), cos[0], sin[0])
+        out[:] = s._fetch("next", "next_token")
+        return out
