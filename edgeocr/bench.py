@@ -311,10 +311,12 @@ def synthetic_page(seed: int = 0, size: tuple[int, int] = (1400, 1000)):
 
 
 def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens: int = 64, task: str = "spotting",
-                threads: int | None = None, cuda_graph: bool | None = None, preprocess: str | None = None) -> dict:
+                threads: int | None = None, cuda_graph: bool | None = None, preprocess: str | None = None,
+                vision_ahead: bool | None = None) -> dict:
     """Continuous batching over the artifact's slots: every page generates exactly `tokens` tokens.
     Reports pages/s and tokens/s end to end (vision + prefill of each page included), and the decode step
-    time with every slot busy."""
+    time with every slot busy.  vision_ahead: as OCRModel.scheduler (None: on with CUDA); with it, a step's
+    time includes the prefills of the pages whose vision finished before it."""
     from edgeocr.model import OCRModel
     from edgeocr.slots import drive
 
@@ -322,15 +324,19 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
     model = OCRModel(artifact, device=device, threads=threads, cuda_graph=cuda_graph, preprocess=preprocess)
     opts = DecodeOptions(max_new_tokens=tokens, ignore_stop=True, tail_repetition_stop=False)
     model.recognize(images[0], task=task, options=DecodeOptions(max_new_tokens=4, ignore_stop=True))   # warm-up
-    sched = _Timed(model.scheduler())
+    sched = _Timed(model.scheduler(vision_ahead=vision_ahead))
     cuda = None
     if device == "cuda":
         from edgeocr.backends import cudart
         cuda = cudart.load()
-    done, peak_dev = 0, None
+    done, peak_dev, vision, prefill = 0, None, [], []
     t0 = time.perf_counter()
     for events in drive(sched, model.pages(images, task=task, options=opts)):   # preparation overlaps decoding
-        done += sum(ev.result is not None for ev in events)
+        for ev in events:
+            if ev.result is not None:
+                done += 1
+                vision.append(ev.result.timings_ms["vision"])
+                prefill.append(ev.result.timings_ms["prefill"])
         if cuda is not None and len(sched.steps) % 64 == 1:
             free, total = cuda.mem_info()
             peak_dev = max(peak_dev or 0.0, (total - free) / 2**20)
@@ -344,6 +350,8 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
             "wall_s": wall, "pages_per_s": done / wall, "tokens_per_s": done * tokens / wall,
             "step_ms_all_slots_busy": statistics.mean(full_steps) if full_steps else None,
             "step_ms_mean": statistics.mean(steps), "admit_ms_mean": statistics.mean(admit_ms),
+            "vision_ahead": sched.sched.vision_ahead, "vision_ms_mean": statistics.mean(vision),
+            "prefill_ms_mean": statistics.mean(prefill),
             "kv_cache_mib": m.kv.bytes / 2**20, "kv_mib_per_slot": m.kv.bytes / m.slots / 2**20,
             "peak_device_mib": peak_dev}
 
@@ -354,6 +362,7 @@ class _Timed:
     def __init__(self, sched):
         self.sched, self.slots = sched, sched.slots
         self.free, self.idle, self.live, self.cancel = sched.free, sched.idle, sched.live, sched.cancel
+        self.failed = sched.failed                  # the same list: drive() reads and empties it
         self.admit_ms: list[float] = []
         self.steps: list[float] = []
         self.full_steps: list[float] = []           # steps with every slot busy
@@ -380,7 +389,9 @@ def format_pages(r: dict, hf: dict | None = None) -> str:
              f"{r['pages']} pages x {r['new_tokens_per_page']} tokens in {r['wall_s']:.2f} s: "
              f"{r['pages_per_s']:.2f} pages/s, {r['tokens_per_s']:.0f} tokens/s",
              f"decode step with all slots busy {busy:.3f} ms" if busy else "decode step: slots never all busy",
-             f"vision + prefill per page {r['admit_ms_mean']:.1f} ms; KV cache {r['kv_cache_mib']:.0f} MiB "
+             f"per page: vision {r['vision_ms_mean']:.1f} ms "
+             f"({'on the worker thread while the other slots decode' if r['vision_ahead'] else 'the other slots wait'}), "
+             f"prefill {r['prefill_ms_mean']:.1f} ms (the other slots wait); KV cache {r['kv_cache_mib']:.0f} MiB "
              f"({r['kv_mib_per_slot']:.0f} MiB per slot)"]
     if hf:
         lines.append(f"transformers generate ({hf['dtype']}, {hf['attn']}, batch {hf['batch']}): "

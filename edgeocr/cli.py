@@ -268,7 +268,7 @@ def _bench(args) -> int:
             images = [args.image] * args.pages if args.image else \
                 [bench.synthetic_page(i, (1024, 1024)) for i in range(args.pages)]
             r = bench.bench_pages(args.artifact, images, device=args.device, tokens=args.tokens, task=args.task,
-                                  preprocess=args.preprocess,
+                                  preprocess=args.preprocess, vision_ahead=_GRAPH[args.vision_ahead],
                                   threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph])
             print(bench.format_pages(r))
             if args.json:
@@ -389,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--pages", type=int, default=0, metavar="K",
                    help="many-pages mode: K pages through the artifact's slots (continuous batching); pages/s, "
                         "tokens/s and the decode step time with every slot busy")
+    b.add_argument("--vision-ahead", choices=list(_GRAPH), default="auto",
+                   help="with --pages: each page's vision on a worker thread while the other slots decode "
+                        "(auto, the default: on with --device cuda)")
     c = sub.add_parser("check", help="compare two artifacts/backends page by page (e.g. FP16 vs INT8)",
                        description="Exit codes: 0 gates hold, 3 a gate failed, 1 error, 2 usage.")
     from edgeocr.check import add_arguments as add_check_arguments

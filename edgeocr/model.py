@@ -167,15 +167,16 @@ class OCRModel:
         for i, (_, fut) in enumerate(self.workers.ahead(images, make, depth=self.slots)):
             yield i, fut.result()
 
-    def scheduler(self, deltas: bool = False) -> SlotScheduler:
-        """A scheduler over this model's session and pieces (one in use at a time: they share the KV cache)."""
+    def scheduler(self, deltas: bool = False, vision_ahead: bool | None = None) -> SlotScheduler:
+        """A scheduler over this model's session and pieces (one in use at a time: they share the KV cache).
+        vision_ahead: a page's vision runs on a worker thread while the other slots decode (None: on CUDA)."""
         return SlotScheduler(self.session, self.preparer, self.tokenizer, self.results,
-                             (self.table_cos, self.table_sin), deltas=deltas)
+                             (self.table_cos, self.table_sin), deltas=deltas, vision_ahead=vision_ahead)
 
     # ------------------------------------------------------------------ API
     def _one(self, page_args: tuple, stop_check: Callable[[], bool] | None, deltas: bool) -> Iterator[SlotEvent]:
         page = self.workers.submit(self.page, *page_args).result()
-        sched, tag = self.scheduler(deltas=deltas), object()
+        sched, tag = self.scheduler(deltas=deltas, vision_ahead=False), object()     # one page: nothing to overlap
         for events in drive(sched, [(tag, page)]):
             yield from events
             if any(ev.result is not None for ev in events):

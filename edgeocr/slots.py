@@ -2,10 +2,14 @@
 shapes).
 
 `SlotScheduler` holds the per-page generation state and runs edgeocr.decode's steps over the session it is
-given.  `admit` takes a prepared `Page` (pixels, prompt, decoding options) into a free slot: vision and
-prefill, the other slots waiting for that one call; `step` advances every live slot by one token in a single
-decoder call and reports what each produced; a finished page frees its slot at once, so the next page can
-take it.  Each page's tokens are those it would get decoding alone on the same artifact: slots never read
+given.  `admit` takes a prepared `Page` (pixels, prompt, decoding options) into a free slot: its vision
+graph and its prefill; `step` advances every live slot by one token in a single decoder call and reports
+what each produced; a finished page frees its slot at once, so the next page can take it.
+
+Vision ahead (`vision_ahead`, on by default on CUDA): `admit` only hands the page's vision to a worker thread,
+which writes the embeddings into the slot's own buffer while the other slots go on decoding (ONNX Runtime runs
+the vision session on its own CUDA stream); the page's prefill runs between two steps once its vision is
+done.  Without it, the other slots wait for the page's vision and prefill.  Either way, each page's tokens are those it would get decoding alone on the same artifact: slots never read
 each other's rows, and a step's math for one row does not depend on the other rows.
 
 `drive` is the one loop over a scheduler (admit while slots are free, step, repeat): OCRModel.recognize,
@@ -16,6 +20,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,6 +82,8 @@ class _Slot:
     task: str | None
     vision_ms: float
     t_admit: float                    # perf_counter when its admission began
+    page: Page | None = None          # until its prefill: what the prefill needs
+    vision: Future | None = None      # its vision on the worker thread (vision ahead), None once prefilled
     t_first: float = 0.0              # perf_counter when its first token was chosen
     prefix_offset: int = 0            # incremental detokenization (deltas on): tokens before this are
     read_offset: int = 0              # settled; tokens[prefix_offset:read_offset] gave the last text reported
@@ -92,9 +100,15 @@ class SlotScheduler:
     the RoPE rows of generated tokens).  Not thread-safe: one thread drives a scheduler."""
 
     def __init__(self, session, preparer: Preparer, tokenizer, results: Callable, text_rope: tuple,
-                 deltas: bool = False, selection: Selection | None = None):
+                 deltas: bool = False, selection: Selection | None = None, vision_ahead: bool | None = None):
         self.session, self.preparer, self.tokenizer, self.results = session, preparer, tokenizer, results
         self.selection = selection if selection is not None else session.selection()
+        if vision_ahead is None:          # on a CPU the vision graph would only take cores from the decoder
+            vision_ahead = str(getattr(session, "name", "")).endswith("cuda")
+        self.vision_ahead = vision_ahead
+        self._vision: ThreadPoolExecutor | None = None     # one worker: pages' visions run in admission order
+        self._stepped = False             # the first decode step (a CUDA graph's capture) runs with vision idle
+        self.failed: list[tuple[object, Exception]] = []   # (tag, error) of pages whose vision failed (drive)
         self.table_cos, self.table_sin = text_rope
         self.slots = n = session.slots
         self.deltas = deltas                               # compute text deltas per token (streaming)
@@ -135,18 +149,58 @@ class SlotScheduler:
             self.pages[slot] = held
             self._pending.append(SlotEvent(tag, None, "", self._result(held)))
             return
-        self.session.encode_image(self.preparer.pixels(page.prep))
-        vision_ms = (time.perf_counter() - t_admit) * 1e3
         seq = Sequence(prompt_ids=page.prompt.ids, options=page.options, stop_ids=page.stop_ids,
                        penalty=page.penalty, next_check=page.options.tail_min_chars)
+        held = _Slot(tag, seq, page.prep, page.task, 0.0, t_admit, page=page)
+        if self.vision_ahead:
+            if self._vision is None:
+                self._vision = ThreadPoolExecutor(1, thread_name_prefix="edgeocr-vision")
+            held.vision = self._vision.submit(self._encode, page.prep, slot)
+            self.pages[slot] = held       # prefilled by a later step(), once its vision is done
+            return
+        held.vision_ms = self._encode(page.prep, slot)
+        self._prefill(slot, held, self._pending)
+        self.pages[slot] = held
+
+    def _encode(self, prep: Prepared, slot: int) -> float:
+        """The page's vision graph into `slot`'s image buffer; its wall time, ms."""
+        t0 = time.perf_counter()
+        self.session.encode_image(self.preparer.pixels(prep), slot)
+        return (time.perf_counter() - t0) * 1e3
+
+    def _prefill(self, slot: int, held: _Slot, events: list[SlotEvent]) -> None:
+        """Prefill `held`'s prompt into `slot` (its image is in the slot's buffer) and emit its first token."""
+        page, seq = held.page, held.seq
         t_prefill = time.perf_counter()
         tok = self.selection.first(slot, seq.prompt_ids, seq.penalty, page.prompt.cos, page.prompt.sin)
         seq.prefill_ms = (time.perf_counter() - t_prefill) * 1e3
-        held = _Slot(tag, seq, page.prep, page.task, vision_ms, t_admit, t_first=time.perf_counter())
-        events: list[SlotEvent] = []
+        held.t_first, held.page = time.perf_counter(), None
         self._emit(held, tok, events)
-        self.pages[slot] = held
-        self._pending += events
+
+    def _start_ready(self, events: list[SlotEvent]) -> None:
+        """Vision ahead: prefill every page whose vision has finished, in admission order; when no slot is
+        decoding, wait for the first one first.  A page whose vision failed leaves its slot, its error in
+        `failed`."""
+        waiting = sorted((i for i, p in enumerate(self.pages) if p is not None and p.vision is not None),
+                         key=lambda i: self.pages[i].t_admit)
+        if not waiting:
+            return
+        if not self._stepped:                     # the first step (a CUDA graph's capture) finds vision idle
+            wait_futures([self.pages[i].vision for i in waiting])
+        elif not any(p is not None and p.vision is None for p in self.pages):    # nothing else to step
+            wait_futures([self.pages[waiting[0]].vision])
+        for i in waiting:
+            held = self.pages[i]
+            if not held.vision.done():
+                continue
+            try:
+                held.vision_ms = held.vision.result()
+            except Exception as e:                # reported to the caller through `failed` (drive)
+                self.pages[i] = None
+                self.failed.append((held.tag, e))
+                continue
+            held.vision = None
+            self._prefill(i, held, events)
 
     def step(self) -> list[SlotEvent]:
         """One decode step of every live slot; returns the tokens produced (first tokens of newly admitted
@@ -155,19 +209,24 @@ class SlotScheduler:
         for i, p in enumerate(self.pages):
             if p is not None and p.done:          # finished at admission (first token), reported now
                 self.pages[i] = None
+        self._start_ready(events)                 # vision ahead: prefill the pages whose vision is done
+        for i, p in enumerate(self.pages):
+            if p is not None and p.done:          # finished on its first token just now: reported in `events`
+                self.pages[i] = None
         live = self._live
-        live[:] = [p is not None for p in self.pages]
+        live[:] = [p is not None and p.vision is None for p in self.pages]
         if not live.any():
             return events
         for i, p in enumerate(self.pages):
-            if p is not None:
+            if live[i]:
                 self._tokens[i], self._pos[i] = p.seq.tokens[-1], p.seq.next_pos
-            else:
+            else:                                 # idle, or its vision still running: row 0, rewritten by its prefill
                 self._tokens[i], self._pos[i] = 0, 0
         np.take(self.table_cos, self._pos, axis=0, out=self._cos)   # gathered into the buffers: no allocation
         np.take(self.table_sin, self._pos, axis=0, out=self._sin)
         t0 = time.perf_counter()
         self.selection.next(self._tokens, self._pos, self._cos, self._sin, live, self._next)
+        self._stepped = True
         dt = (time.perf_counter() - t0) * 1e3
         for i in np.flatnonzero(live):
             held = self.pages[i]
@@ -185,6 +244,8 @@ class SlotScheduler:
                 if p.done:                        # finished at admission, not reported yet: report nothing
                     self._pending = [ev for ev in self._pending if ev.tag != tag]
                 p.seq.finish_reason = FinishReason.CANCELLED
+                if p.vision is not None:          # its vision may still run; the next page's vision in this
+                    p.t_first = time.perf_counter()   # slot is queued behind it on the same worker
                 return self._result(p)
         return None
 
@@ -253,4 +314,10 @@ def drive(sched: SlotScheduler, feed: Iterable, on_admit_error: Callable[[object
                 return
             yield []                      # nothing live: the consumer gets control back between two pulls
             continue
-        yield sched.step()
+        events = sched.step()
+        while sched.failed:               # vision ahead: a page whose vision failed is an admission error
+            tag, e = sched.failed.pop(0)
+            if on_admit_error is None:
+                raise e
+            on_admit_error(tag, e)
+        yield events

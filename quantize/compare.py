@@ -167,6 +167,9 @@ def _bench_args(ap) -> None:
     ap.add_argument("--pages", type=int, default=0, metavar="K",
                     help="many-pages mode: K pages through the artifact's slots, and transformers' batched generate "
                          "(batch = the artifact's slots)")
+    ap.add_argument("--vision-ahead", choices=list(_GRAPH), default="auto",
+                    help="with --pages: each page's vision on a worker thread while the other slots decode (as "
+                         "edgeocr bench; default auto = on with --device cuda)")
     ap.add_argument("--transformers-pages", type=int, default=0, metavar="K",
                     help="with --pages: time transformers on the first K pages only")
     ap.add_argument("--attn", default="sdpa", help="transformers attention implementation (default sdpa)")
@@ -190,7 +193,7 @@ def bench_main(argv: list[str]) -> int:
                 [bench.synthetic_page(i, (1024, 1024)) for i in range(args.pages)]
             r = bench.bench_pages(args.artifact, images, device=args.device, tokens=args.tokens, task=args.task,
                                   threads=args.threads, preprocess=args.preprocess,
-                                  cuda_graph=_GRAPH[args.cuda_graph])
+                                  cuda_graph=_GRAPH[args.cuda_graph], vision_ahead=_GRAPH[args.vision_ahead])
             hf = bench_transformers_pages(args.checkpoint, images[:args.transformers_pages or None], args.tokens,
                                           r["slots"], args.task, args.attn, args.dtype)
             print(bench.format_pages(r, hf))

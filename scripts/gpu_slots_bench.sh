@@ -3,7 +3,8 @@
 # the real-size architecture on random weights, one FP16 export with GroupQueryAttention and in-graph
 # selection (CUDA graph on), the same graphs with 1, 4, 8 and 16 slots (`python -m quantize reslot`; the
 # decoder graph takes any batch), PAGES distinct 1024x1024 pages x TOKENS new tokens each through
-# `edgeocr bench --pages`, against transformers' batched generate (bf16, sdpa) at the same batch sizes on
+# `edgeocr bench --pages` (each page's vision ahead on a worker thread, the CUDA default; 8 slots also with
+# vision ahead off), against transformers' batched generate (bf16, sdpa) at the same batch sizes on
 # 2 x batch pages (at least 4).  JSON and a log under $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -19,4 +20,9 @@ for n in $SLOTS; do
       --task structured_parse --transformers-pages $tp --json "$OUT/slots_$n.json" 2>&1 \
       | grep -v "Loading weights" | tee -a "$OUT/slots_bench.log"
 done
+# the same 8 slots with every page's vision run while the other slots wait (vision ahead off), same run
+if [ -d $W/slots8 ]; then
+  python3 -m edgeocr bench $W/slots8 --device cuda --pages $PAGES --tokens $TOKENS --task structured_parse \
+      --vision-ahead off --json "$OUT/slots_8_vision_waits.json" 2>&1 | tee -a "$OUT/slots_bench.log"
+fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/slots_bench.log"

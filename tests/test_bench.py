@@ -35,18 +35,19 @@ def test_bench_cpu_with_transformers_comparison(art_a, ckpt_a, tmp_path):
 def test_bench_pages_with_transformers_batched(ckpt_a, tmp_path):
     """`python -m quantize bench-hf --pages K` on a 3-slot artifact: K pages x N tokens through edgeocr's slots,
     pages/s and the all-busy step time, and transformers' batched generate (batch = slots) on the same pages in
-    the same run."""
+    the same run; each page's vision ahead on the worker thread (--vision-ahead on)."""
     from conftest import _export
     art = _export(ckpt_a, tmp_path / "s3", slots=3, attention="gqa", select_on_device=True)
     out = tmp_path / "p.json"
     r = subprocess.run([sys.executable, "-m", "quantize", "bench-hf", str(art), str(ckpt_a), "--pages", "5",
-                        "--tokens", "6", "--json", str(out), "--transformers-pages", "3"],
+                        "--tokens", "6", "--json", str(out), "--transformers-pages", "3", "--vision-ahead", "on"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     j = json.loads(out.read_text())
     e, hf = j["edgeocr"], j["transformers"]
     assert e["slots"] == 3 and e["pages"] == 5 and e["new_tokens_per_page"] == 6
     assert e["pages_per_s"] > 0 and e["step_ms_all_slots_busy"] > 0 and e["kv_mib_per_slot"] > 0
+    assert e["vision_ahead"] is True and e["vision_ms_mean"] > 0 and e["prefill_ms_mean"] > 0
     assert abs(e["tokens_per_s"] - 6 * e["pages_per_s"]) < 1e-6 * e["tokens_per_s"]
     assert hf["batch"] == 3 and hf["pages"] == 3 and hf["pages_per_s"] > 0
     assert "pages/s" in r.stdout and "x" in r.stdout.splitlines()[-1]

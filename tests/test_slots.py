@@ -206,3 +206,116 @@ def test_pages_that_finish_on_their_first_token(slot_arts):
     got = list(model.recognize_many(_pages(5), options=DecodeOptions(max_new_tokens=1)))
     assert sorted(i for i, _ in got) == list(range(5))
     assert all(r.generated_tokens == 1 and r.finish_reason == "length" for _, r in got)
+
+
+# ---------------------------------------------------------------- vision ahead
+def _run(sched, reqs, on_error=None):
+    """Every (tag, Page) through `sched` with drive(); {tag: result}."""
+    from edgeocr.slots import drive
+    done = {}
+    for events in drive(sched, reqs, on_error):
+        done.update((ev.tag, ev.result) for ev in events if ev.result is not None)
+    return done
+
+
+@pytest.mark.parametrize("flavour", list(FLAVOURS))
+def test_vision_ahead_gives_each_page_its_tokens_alone(slot_arts, flavour):
+    """With each page's vision on the worker thread and its prefill between two steps, 7 pages through 3
+    slots get exactly the tokens they get alone, in every flavour."""
+    model = OCRModel(slot_arts[flavour])
+    opts = DecodeOptions(max_new_tokens=9, repetition_penalty=1.3)
+    pages = _pages(7)
+    alone = [model.recognize(p, task="spotting", options=opts).token_ids for p in pages]
+    sched = model.scheduler(vision_ahead=True)
+    assert sched.vision_ahead and not model.scheduler().vision_ahead       # off by default on the CPU
+    done = _run(sched, [(i, model.page(p, task="spotting", options=opts)) for i, p in enumerate(pages)])
+    assert [done[i].token_ids for i in range(7)] == alone
+    assert all(done[i].timings_ms["vision"] > 0 for i in range(7))
+
+
+def _slow_vision(model, delay):
+    """Make the session's vision take `delay` s longer; returns the (start, end) spans and step times."""
+    import time
+    s = model.session
+    spans, steps = [], []
+    real_encode, real_step = s.encode_image, s.step
+
+    def encode(pixels, slot=0):
+        t0 = time.perf_counter()
+        time.sleep(delay)
+        real_encode(pixels, slot)
+        spans.append((t0, time.perf_counter()))
+
+    def step(*a):
+        steps.append(time.perf_counter())
+        return real_step(*a)
+    s.encode_image, s.step = encode, step
+    return spans, steps
+
+
+def test_vision_ahead_runs_while_the_other_slots_decode(slot_arts):
+    """A page admitted while another decodes: the decoder keeps stepping the first page during the second's
+    vision (its 0.4 s), and both pages still get their tokens alone."""
+    model = OCRModel(slot_arts["gqa"])
+    opts = DecodeOptions(max_new_tokens=120, ignore_stop=True, tail_repetition_stop=False)
+    a, b = _pages(2)
+    alone = [model.recognize(p, options=opts).token_ids for p in (a, b)]
+    spans, steps = _slow_vision(model, 0.4)
+    sched = model.scheduler(vision_ahead=True)
+    sched.admit(model.page(a, options=opts), "a")
+    got = {}
+    for _ in range(3):
+        sched.step()
+    sched.admit(model.page(b, options=opts), "b")
+    while sched.live():
+        got.update((ev.tag, ev.result) for ev in sched.step() if ev.result is not None)
+    assert [got["a"].token_ids, got["b"].token_ids] == alone
+    start, end = spans[1]
+    assert sum(start < t < end for t in steps) >= 5, "no decode step ran during the second page's vision"
+
+
+def test_vision_ahead_failure_is_that_page_alone(slot_arts):
+    """A page whose vision fails on the worker thread goes to drive()'s admission-error handler with its tag;
+    the other pages finish with their own tokens; without a handler the error is raised."""
+    model = OCRModel(slot_arts["gqa-select"])
+    opts = DecodeOptions(max_new_tokens=6)
+    pages = _pages(4)
+    alone = [model.recognize(p, options=opts).token_ids for p in pages]
+    s, real = model.session, model.session.encode_image
+    calls = []
+
+    def encode(pixels, slot=0):
+        calls.append(slot)
+        if len(calls) == 2:
+            raise RuntimeError("vision failed on purpose")
+        real(pixels, slot)
+    s.encode_image = encode
+    errors = []
+    reqs = [(i, model.page(p, options=opts)) for i, p in enumerate(pages)]
+    done = _run(model.scheduler(vision_ahead=True), reqs, lambda tag, e: errors.append((tag, str(e))))
+    assert errors == [(1, "vision failed on purpose")]
+    assert sorted(done) == [0, 2, 3] and [done[i].token_ids for i in (0, 2, 3)] == [alone[i] for i in (0, 2, 3)]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="on purpose"):
+        _run(model.scheduler(vision_ahead=True), reqs[:2])
+
+
+def test_vision_ahead_cancel_while_its_vision_runs(slot_arts):
+    """Cancelling a page whose vision is still running frees its slot at once (no token generated); the next
+    page admitted into that slot gets its own image and tokens."""
+    model = OCRModel(slot_arts["gqa"])
+    opts = DecodeOptions(max_new_tokens=8)
+    a, b, c = _pages(3)
+    alone_a, alone_c = (model.recognize(p, options=opts).token_ids for p in (a, c))
+    _slow_vision(model, 0.3)
+    sched = model.scheduler(vision_ahead=True)
+    sched.admit(model.page(a, options=opts), "a")
+    sched.step()                                          # a is prefilled and decoding
+    sched.admit(model.page(b, options=opts), "b")
+    res = sched.cancel("b")
+    assert res.finish_reason == "cancelled" and res.generated_tokens == 0 and sched.free() == 2
+    sched.admit(model.page(c, options=opts), "c")         # into b's slot, its vision queued behind b's
+    got = {}
+    while sched.live():
+        got.update((ev.tag, ev.result) for ev in sched.step() if ev.result is not None)
+    assert sorted(got) == ["a", "c"] and got["a"].token_ids == alone_a and got["c"].token_ids == alone_c

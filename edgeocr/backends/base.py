@@ -22,8 +22,9 @@ class Session(Protocol):
     cache_len: int       # static KV cache rows per slot, tokens
     vocab_size: int
 
-    def encode_image(self, pixels: np.ndarray) -> None:
-        """pixels: [1, 3, S, S] float32 normalized -> image embeddings, kept for the next prefill."""
+    def encode_image(self, pixels: np.ndarray, slot: int = 0) -> None:
+        """pixels: [1, 3, S, S] float32 normalized -> image embeddings, kept for `slot`'s next prefill.  May run
+        on another thread while the decoder steps the other slots."""
         ...
 
     def prefill(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

@@ -103,4 +103,6 @@ class CudaMemory:
         self.cuda.memcpy2d(dst, cache_len * row_bytes, src.at(index), n * row_bytes, n * row_bytes, kvh)
 
     def sync(self) -> None:
-        self.cuda.sync()
+        """Wait for the copies issued here (CUDA's default stream), not for the whole device: a page's vision
+        graph may be running on its session's own stream meanwhile (edgeocr.slots, vision ahead)."""
+        self.cuda.stream_sync(0)

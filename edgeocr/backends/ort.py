@@ -152,7 +152,9 @@ class OrtSession:
         kv_shape = self.art.kv.shape
         self.keys = [mem.alloc(kv_shape, self.kv_dtype) for _ in range(self.layers)]     # [N, KVH, MAX, D]
         self.values = [mem.alloc(kv_shape, self.kv_dtype) for _ in range(self.layers)]
-        self.image = mem.alloc((self.art.image.n_image_tokens, self.hidden), self.emb_dtype)   # [N_img, H]
+        # [N_img, H] per slot: a page's vision output waits in its slot's buffer for its prefill, so the next
+        # page's vision may run (on another thread) while the other slots decode
+        self.images = [mem.alloc((self.art.image.n_image_tokens, self.hidden), self.emb_dtype) for _ in range(n)]
         self.no_image = mem.alloc((1, self.hidden), self.emb_dtype)       # [1, H] placeholder while decoding
         # prefill inputs, one sequence: [1, P] ids, [1, P, D] cos/sin (bound with the prompt's length)
         self.pf_ids = mem.alloc((1, p), np.int64)
@@ -190,8 +192,11 @@ class OrtSession:
         fn(name, self.mem.device, 0, buf.dtype, shape, ptr)
 
     def _bind_vision(self) -> None:
-        self.vision_binding = b = self.vision.io_binding()
-        self._bind(b, "image_embeds", self.image, output=True)
+        self.vision_bindings = []
+        for image in self.images:
+            b = self.vision.io_binding()
+            self._bind(b, "image_embeds", image, output=True)
+            self.vision_bindings.append(b)
 
     def _bind_caches(self, b, index: int | None) -> None:
         """past_* (and, in place, present_*) -> every slot (index None) or slot `index` alone."""
@@ -222,19 +227,23 @@ class OrtSession:
         pass
 
     # ------------------------------------------------------------ the seam
-    def encode_image(self, pixels) -> None:
-        """pixels [1, 3, S, S] float32 -> image embeddings, kept on the device for the next prefill.  pixels:
-        a host array, or an OrtValue already on the device (edgeocr.preprocess_graph.DevicePreprocessor)."""
+    def encode_image(self, pixels, slot: int = 0) -> None:
+        """pixels [1, 3, S, S] float32 -> image embeddings, kept on the device for `slot`'s next prefill.
+        pixels: a host array, or an OrtValue already on the device (edgeocr.preprocess_graph.DevicePreprocessor).
+        Safe to call from another thread while the decoder runs, for a slot that is not decoding."""
+        if not 0 <= slot < self.slots:
+            raise IndexError(f"slot {slot} outside [0, {self.slots})")
+        b = self.vision_bindings[slot]
         if isinstance(pixels, self._ort.OrtValue):
-            self.vision_binding.bind_ortvalue_input("pixels", pixels)
+            b.bind_ortvalue_input("pixels", pixels)
         else:
-            self.vision_binding.bind_cpu_input("pixels", np.ascontiguousarray(pixels, np.float32))
-        self.vision.run_with_iobinding(self.vision_binding)
+            b.bind_cpu_input("pixels", np.ascontiguousarray(pixels, np.float32))
+        self.vision.run_with_iobinding(b)
 
-    def image_embeds(self) -> np.ndarray:
-        """The last encoded image's embeddings, [N_img, H] (a copy; diagnostics and tests)."""
-        out = np.zeros(self.image.shape, self.image.dtype)
-        return self.mem.read(self.image, out)
+    def image_embeds(self, slot: int = 0) -> np.ndarray:
+        """The image embeddings waiting in `slot`, [N_img, H] (a copy; diagnostics and tests)."""
+        image = self.images[slot]
+        return self.mem.read(image, np.zeros(image.shape, image.dtype))
 
     def _prefill(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
         if not 0 <= slot < self.slots:
@@ -249,7 +258,7 @@ class OrtSession:
         mem.write(self.pf_len, np.asarray([self._prefill_len_value(s)], self._len_dtype))
         mem.sync()
         self._bind(b, "input_ids", self.pf_ids, [1, s])
-        self._bind(b, "image_embeds", self.image)
+        self._bind(b, "image_embeds", self.images[slot])
         self._bind(b, "cos", self.pf_cos, [1, s, self.head_dim])
         self._bind(b, "sin", self.pf_sin, [1, s, self.head_dim])
         self._bind(b, self._len_name, self.pf_len)

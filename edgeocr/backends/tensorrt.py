@@ -191,7 +191,9 @@ class TrtSession:
             raise BackendError(f"TensorRT {cname} execution failed")
 
     # -- Session (one slot: `slot` is always 0, every array has one row)
-    def encode_image(self, pixels: np.ndarray) -> None:
+    def encode_image(self, pixels: np.ndarray, slot: int = 0) -> None:
+        if slot != 0:
+            raise IndexError(f"slot {slot}: the TensorRT session has one slot")
         self._h2d("pixels", np.asarray(pixels, np.float32))
         self._run("vision")
         self.has_image = True
