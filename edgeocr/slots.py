@@ -107,7 +107,7 @@ class SlotScheduler:
             vision_ahead = str(getattr(session, "name", "")).endswith("cuda")
         self.vision_ahead = vision_ahead
         self._vision: ThreadPoolExecutor | None = None     # one worker: pages' visions run in admission order
-        self._stepped = False             # the first decode step (a CUDA graph's capture) runs with vision idle
+        self._steps = 0                   # decode steps run: the first QUIET_STEPS run with vision idle
         self.failed: list[tuple[object, Exception]] = []   # (tag, error) of pages whose vision failed (drive)
         self.table_cos, self.table_sin = text_rope
         self.slots = n = session.slots
@@ -185,7 +185,7 @@ class SlotScheduler:
                          key=lambda i: self.pages[i].t_admit)
         if not waiting:
             return
-        if not self._stepped:                     # the first step (a CUDA graph's capture) finds vision idle
+        if self._steps < QUIET_STEPS:             # a CUDA graph may be captured in these: vision must be idle
             wait_futures([self.pages[i].vision for i in waiting])
         elif not any(p is not None and p.vision is None for p in self.pages):    # nothing else to step
             wait_futures([self.pages[waiting[0]].vision])
@@ -226,7 +226,7 @@ class SlotScheduler:
         np.take(self.table_sin, self._pos, axis=0, out=self._sin)
         t0 = time.perf_counter()
         self.selection.next(self._tokens, self._pos, self._cos, self._sin, live, self._next)
-        self._stepped = True
+        self._steps += 1
         dt = (time.perf_counter() - t0) * 1e3
         for i in np.flatnonzero(live):
             held = self.pages[i]
@@ -279,6 +279,10 @@ class SlotScheduler:
 
 
 _END = object()
+# ONNX Runtime captures a decode step's CUDA graph on the third run of its graph id (two regular runs first),
+# in cudaStreamCaptureModeGlobal: a CUDA call from the vision thread meanwhile would break the capture, so a
+# scheduler's first QUIET_STEPS steps run with no vision in flight.
+QUIET_STEPS = 3
 _NO_PROMPT = np.zeros(0, np.int64)     # a blank page's: the model never saw it
 _NO_PROMPT.flags.writeable = False
 
