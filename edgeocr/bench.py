@@ -315,7 +315,7 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
                 vision_ahead: bool | None = None) -> dict:
     """Continuous batching over the artifact's slots: every page generates exactly `tokens` tokens.
     Reports pages/s and tokens/s end to end (vision + prefill of each page included), and the decode step
-    time with every slot busy.  vision_ahead: as OCRModel.scheduler (None: on with CUDA); with it, a step's
+    time with every slot busy.  vision_ahead: as OCRModel.scheduler (None: EDGEOCR_VISION_AHEAD); with it, a step's
     time includes the prefills of the pages whose vision finished before it."""
     from edgeocr.model import OCRModel
     from edgeocr.slots import drive

@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                         "tokens/s and the decode step time with every slot busy")
     b.add_argument("--vision-ahead", choices=list(_GRAPH), default="auto",
                    help="with --pages: each page's vision on a worker thread while the other slots decode "
-                        "(auto, the default: on with --device cuda)")
+                        "(auto, the default: as EDGEOCR_VISION_AHEAD says, off when unset)")
     c = sub.add_parser("check", help="compare two artifacts/backends page by page (e.g. FP16 vs INT8)",
                        description="Exit codes: 0 gates hold, 3 a gate failed, 1 error, 2 usage.")
     from edgeocr.check import add_arguments as add_check_arguments

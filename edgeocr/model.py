@@ -169,7 +169,8 @@ class OCRModel:
 
     def scheduler(self, deltas: bool = False, vision_ahead: bool | None = None) -> SlotScheduler:
         """A scheduler over this model's session and pieces (one in use at a time: they share the KV cache).
-        vision_ahead: a page's vision runs on a worker thread while the other slots decode (None: on CUDA)."""
+        vision_ahead: a page's vision runs on a worker thread while the other slots decode (None: as the
+        EDGEOCR_VISION_AHEAD environment variable says, off when unset; edgeocr.slots)."""
         return SlotScheduler(self.session, self.preparer, self.tokenizer, self.results,
                              (self.table_cos, self.table_sin), deltas=deltas, vision_ahead=vision_ahead)
 

@@ -6,7 +6,7 @@ given.  `admit` takes a prepared `Page` (pixels, prompt, decoding options) into 
 graph and its prefill; `step` advances every live slot by one token in a single decoder call and reports
 what each produced; a finished page frees its slot at once, so the next page can take it.
 
-Vision ahead (`vision_ahead`, on by default on CUDA): `admit` only hands the page's vision to a worker thread,
+Vision ahead (`vision_ahead`; default: EDGEOCR_VISION_AHEAD=1 turns it on, off otherwise): `admit` only hands the page's vision to a worker thread,
 which writes the embeddings into the slot's own buffer while the other slots go on decoding (ONNX Runtime runs
 the vision session on its own CUDA stream); the page's prefill runs between two steps once its vision is
 done.  Without it, the other slots wait for the page's vision and prefill.  Either way, each page's tokens are those it would get decoding alone on the same artifact: slots never read
@@ -18,6 +18,7 @@ stream and recognize_many, `edgeocr run` and the daemon's engine all run through
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -103,8 +104,8 @@ class SlotScheduler:
                  deltas: bool = False, selection: Selection | None = None, vision_ahead: bool | None = None):
         self.session, self.preparer, self.tokenizer, self.results = session, preparer, tokenizer, results
         self.selection = selection if selection is not None else session.selection()
-        if vision_ahead is None:          # on a CPU the vision graph would only take cores from the decoder
-            vision_ahead = str(getattr(session, "name", "")).endswith("cuda")
+        if vision_ahead is None:          # off until its GPU figure is measured (docs/batching.md)
+            vision_ahead = os.environ.get(VISION_AHEAD_ENV, "0") == "1"
         self.vision_ahead = vision_ahead
         self._vision: ThreadPoolExecutor | None = None     # one worker: pages' visions run in admission order
         self._steps = 0                   # decode steps run: the first QUIET_STEPS run with vision idle
@@ -179,8 +180,8 @@ class SlotScheduler:
 
     def _start_ready(self, events: list[SlotEvent]) -> None:
         """Vision ahead: prefill every page whose vision has finished, in admission order; when no slot is
-        decoding, wait for the first one first.  A page whose vision failed leaves its slot, its error in
-        `failed`."""
+        decoding, wait for the first one first.  A page whose vision or prefill failed leaves its slot, its error
+        in `failed`."""
         waiting = sorted((i for i, p in enumerate(self.pages) if p is not None and p.vision is not None),
                          key=lambda i: self.pages[i].t_admit)
         if not waiting:
@@ -195,12 +196,11 @@ class SlotScheduler:
                 continue
             try:
                 held.vision_ms = held.vision.result()
-            except Exception as e:                # reported to the caller through `failed` (drive)
+                held.vision = None
+                self._prefill(i, held, events)
+            except Exception as e:                # an admission error: reported through `failed` (drive)
                 self.pages[i] = None
                 self.failed.append((held.tag, e))
-                continue
-            held.vision = None
-            self._prefill(i, held, events)
 
     def step(self) -> list[SlotEvent]:
         """One decode step of every live slot; returns the tokens produced (first tokens of newly admitted
@@ -283,6 +283,7 @@ _END = object()
 # in cudaStreamCaptureModeGlobal: a CUDA call from the vision thread meanwhile would break the capture, so a
 # scheduler's first QUIET_STEPS steps run with no vision in flight.
 QUIET_STEPS = 3
+VISION_AHEAD_ENV = "EDGEOCR_VISION_AHEAD"     # "1": schedulers run vision ahead unless told otherwise
 _NO_PROMPT = np.zeros(0, np.int64)     # a blank page's: the model never saw it
 _NO_PROMPT.flags.writeable = False
 

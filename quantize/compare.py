@@ -169,7 +169,7 @@ def _bench_args(ap) -> None:
                          "(batch = the artifact's slots)")
     ap.add_argument("--vision-ahead", choices=list(_GRAPH), default="auto",
                     help="with --pages: each page's vision on a worker thread while the other slots decode (as "
-                         "edgeocr bench; default auto = on with --device cuda)")
+                         "edgeocr bench; default auto = EDGEOCR_VISION_AHEAD, off when unset)")
     ap.add_argument("--transformers-pages", type=int, default=0, metavar="K",
                     help="with --pages: time transformers on the first K pages only")
     ap.add_argument("--attn", default="sdpa", help="transformers attention implementation (default sdpa)")

@@ -3,8 +3,7 @@
 # the real-size architecture on random weights, one FP16 export with GroupQueryAttention and in-graph
 # selection (CUDA graph on), the same graphs with 1, 4, 8 and 16 slots (`python -m quantize reslot`; the
 # decoder graph takes any batch), PAGES distinct 1024x1024 pages x TOKENS new tokens each through
-# `edgeocr bench --pages` (each page's vision ahead on a worker thread, the CUDA default; 8 slots also with
-# vision ahead off), against transformers' batched generate (bf16, sdpa) at the same batch sizes on
+# `edgeocr bench --pages` (each page's vision ahead on a worker thread; 8 slots also with vision ahead off), against transformers' batched generate (bf16, sdpa) at the same batch sizes on
 # 2 x batch pages (at least 4).  JSON and a log under $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -17,7 +16,7 @@ for n in $SLOTS; do
   python3 -m quantize reslot $W/real-fp16-gqa $W/slots$n --slots $n 2>&1 | tail -1
   tp=$(( 2 * n < 4 ? 4 : 2 * n ))
   python3 -m quantize bench-hf $W/slots$n $W/real-ckpt --device cuda --pages $PAGES --tokens $TOKENS \
-      --task structured_parse --transformers-pages $tp --json "$OUT/slots_$n.json" 2>&1 \
+      --task structured_parse --transformers-pages $tp --vision-ahead on --json "$OUT/slots_$n.json" 2>&1 \
       | grep -v "Loading weights" | tee -a "$OUT/slots_bench.log"
 done
 # the same 8 slots with every page's vision run while the other slots wait (vision ahead off), same run

@@ -27,8 +27,8 @@ class Recorder:
         self.name, self.slots, self.cache_len = inner.name, inner.slots, inner.cache_len
         self.vocab_size = inner.vocab_size
 
-    def encode_image(self, pixels):
-        return self.inner.encode_image(pixels)
+    def encode_image(self, pixels, slot=0):
+        return self.inner.encode_image(pixels, slot)
 
     def prefill(self, slot, ids, cos, sin):
         out = self.inner.prefill(slot, ids, cos, sin)

@@ -227,7 +227,7 @@ def test_vision_ahead_gives_each_page_its_tokens_alone(slot_arts, flavour):
     pages = _pages(7)
     alone = [model.recognize(p, task="spotting", options=opts).token_ids for p in pages]
     sched = model.scheduler(vision_ahead=True)
-    assert sched.vision_ahead and not model.scheduler().vision_ahead       # off by default on the CPU
+    assert sched.vision_ahead and not model.scheduler().vision_ahead       # off unless EDGEOCR_VISION_AHEAD=1
     done = _run(sched, [(i, model.page(p, task="spotting", options=opts)) for i, p in enumerate(pages)])
     assert [done[i].token_ids for i in range(7)] == alone
     assert all(done[i].timings_ms["vision"] > 0 for i in range(7))
@@ -319,3 +319,12 @@ def test_vision_ahead_cancel_while_its_vision_runs(slot_arts):
     while sched.live():
         got.update((ev.tag, ev.result) for ev in sched.step() if ev.result is not None)
     assert sorted(got) == ["a", "c"] and got["a"].token_ids == alone_a and got["c"].token_ids == alone_c
+
+
+def test_vision_ahead_from_the_environment(slot_arts, monkeypatch):
+    """EDGEOCR_VISION_AHEAD=1 turns vision ahead on for every scheduler not told otherwise (run, daemon)."""
+    model = OCRModel(slot_arts["masked"])
+    monkeypatch.setenv("EDGEOCR_VISION_AHEAD", "1")
+    assert model.scheduler().vision_ahead and not model.scheduler(vision_ahead=False).vision_ahead
+    monkeypatch.setenv("EDGEOCR_VISION_AHEAD", "0")
+    assert not model.scheduler().vision_ahead
