@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import sys
 import time
@@ -130,7 +129,8 @@ def _topological_sort(model) -> None:
 
 def step_state_artifact(src: Path, out: Path, progress=None) -> af.Artifact:
     """A GQA + in-graph-selection artifact -> the same artifact whose decoder holds its step state (see module
-    doc).  Vision graph and tokenizer are hard-linked (copied across file systems); OUT must differ from SRC."""
+    doc).  Vision graph and tokenizer are copied (not hard-linked: onnx refuses to load a weights file with several
+    links, so a hard link would break `quantize weight-int8` of either artifact); OUT must differ from SRC."""
     from quantize.export import _file_table, _io
     from quantize.fuse import load_graph, op_counts, save_graph
 
@@ -157,13 +157,7 @@ def step_state_artifact(src: Path, out: Path, progress=None) -> af.Artifact:
     for name in m.files:
         if name in written:
             continue
-        dst = out / name
-        if dst.exists():
-            dst.unlink()
-        try:
-            os.link(src / name, dst)
-        except OSError:
-            shutil.copyfile(src / name, dst)
+        shutil.copyfile(src / name, out / name)
     report = {"version": STEP_STATE_VERSION, "rewired": done, "ops_before": before, "ops_after": op_counts(model),
               "seconds": round(time.perf_counter() - t0, 1)}
     new = m.derive(decoder=replace(m.decoder, step_state=True, **_io(out / m.decoder.file)),
