@@ -190,6 +190,22 @@ def test_a_step_writes_nothing_from_the_host(arts):
     assert all(w >= 5 for w, _ in before), before
 
 
+def test_a_failed_admission_leaves_its_slot_idle(arts):
+    """A prompt the prefill refuses raises before the slot is marked live: the slot's row stays at 0 through the
+    steps that follow (an idle slot that advanced would one day write past its cache)."""
+    model = OCRModel(arts["state"])
+    s, sel = model.session, model.session.selection()
+    ids = np.ones(PREFILL_LEN + 1, np.int64)
+    cos = np.zeros((len(ids), s.head_dim), np.float32)
+    with pytest.raises(ValueError, match="longer than this artifact's prefill_len"):
+        sel.first(1, ids, 1.1, cos, cos)
+    n, idle = np.zeros(3, np.int64), np.zeros(3, bool)
+    for _ in range(3):
+        sel.next(n, n, model.table_cos[n], model.table_sin[n], idle, n.copy())
+    assert s.mem.read(s.live, np.ones(3, np.int64)).tolist() == [0, 0, 0]
+    assert [s.mem.read(p, np.ones(3, np.int64)).tolist() for p in s.pos] == [[0] * 3] * 2
+
+
 def test_step_seam_gives_the_same_logits(arts):
     """The Session seam's step (teacher-forced logits, host selection) on the step-state decoder equals the
     decoder it was made from: the table's rows are the host's rows, the lengths the same."""

@@ -175,9 +175,10 @@ class StepStateSelection:
         row[np.asarray(prompt_ids, np.int64)] = 1.0
         s.mem.write(s.seens[k], row, offset=slot * v)
         s.mem.write(s.penalty, np.asarray([penalty], np.float32), offset=slot)
-        if not s.h_live[slot]:
-            s.mem.write(s.live, s.h_one, offset=slot)
         s._prefill(slot, prompt_ids, cos, sin)          # syncs the writes above before it runs
+        if not s.h_live[slot]:                          # only once the prefill ran: a slot whose admission failed
+            s.mem.write(s.live, s.h_one, offset=slot)   # must not advance
+            s.mem.sync()
         tok = int(s.mem.read(s.ids[k], s.first_tokens, offset=slot)[0])
         s.h_tok[slot], s.h_live[slot], s.started[slot] = tok, True, True
         return tok
