@@ -65,7 +65,7 @@ def test_the_pass_writes_the_state_inputs_outputs_and_table(arts):
     ins = {e["name"]: e for e in m.decoder.inputs}
     outs = {e["name"]: e for e in m.decoder.outputs}
     assert "seqlens_k" not in ins and "total_sequence_length" in ins
-    assert (ins["positions"]["dtype"], ins["live"]["dtype"], ins["rope_from_table"]["dtype"]) == ("int64", "int64", "bool")
+    assert [ins[k]["dtype"] for k in ("positions", "live", "rope_from_table")] == ["int64", "int64", "bool"]
     assert outs["positions_next"]["dtype"] == "int64" and outs["seen_next"]["shape"] == ["batch", m.vocab_size]
     assert m.export["step_state"]["rewired"]["cos_readers"] > 0
     # copied, not hard-linked: onnx refuses a weights file with several links (quantize weight-int8 of either)
