@@ -106,6 +106,8 @@ class Graph:
     attention: str                    # vision: "masked" | "mha"; decoder: "masked" | "gqa"
     select_on_device: bool = False    # decoder: repetition penalty + argmax in the graph (next_token output)
     prefill_len: int = 0              # decoder: longest prompt, tokens
+    step_state: bool = False          # decoder: the decode step reads its state (positions, input ids, seen) from
+                                      # device buffers and writes the next step's (quantize.step_state)
 
     def dtype_of(self, name: str) -> str:
         """dtype of input or output `name` as recorded at export."""

@@ -62,9 +62,13 @@ class BenchResult:
 
 def step_copies(art, live_slots: int = 1) -> dict:
     """What one decode step copies outside the graph, by construction of the sessions' bindings
-    (edgeocr.backends.ort): every slot's inputs go in, every slot's logits or token ids come back."""
+    (edgeocr.backends.ort): every slot's inputs go in, every slot's logits or token ids come back.  A decoder with
+    device-resident step state (edgeocr.backends.ort_step_state) takes nothing from the host in a step; only
+    admissions and leaves write its buffers."""
     n, kv = art.slots, art.kv
     inplace, selects = art.decoder.attention == "gqa", art.decoder.select_on_device
+    if art.decoder.step_state:
+        return {"host_to_device": 0, "device_to_host": n * 8, "cache_rows_device_to_device": 0}
     h2d = n * (8 + 2 * 4 * kv.head_dim)                           # token ids, cos, sin
     h2d += n * (4 if inplace else 8)                              # seqlens_k | past_len
     d2h = n * (8 if selects else 4 * art.vocab_size)              # token ids | logits
@@ -245,6 +249,7 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
         threads=thread_label(threads) if device == "cpu" else "", cpu_profile=prof,
         flavour=(f"attention {m.decoder.attention}, selection "
                  f"{'in graph' if m.decoder.select_on_device else 'host'}, "
+                 f"{'step state on the device, ' if m.decoder.step_state else ''}"
                  f"CUDA graph {'on' if getattr(model.session, 'cuda_graph', False) else 'off'}"),
         preprocess=preprocess)
 

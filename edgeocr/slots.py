@@ -186,7 +186,8 @@ class SlotScheduler:
                          key=lambda i: self.pages[i].t_admit)
         if not waiting:
             return
-        if self._steps < QUIET_STEPS:             # a CUDA graph may be captured in these: vision must be idle
+        if self._steps < getattr(self.session, "capture_steps", QUIET_STEPS):   # a CUDA graph may be captured
+            # in these: vision must be idle
             wait_futures([self.pages[i].vision for i in waiting])
         elif not any(p is not None and p.vision is None for p in self.pages):    # nothing else to step
             wait_futures([self.pages[waiting[0]].vision])
@@ -281,7 +282,8 @@ class SlotScheduler:
 _END = object()
 # ONNX Runtime captures a decode step's CUDA graph on the third run of its graph id (two regular runs first),
 # in cudaStreamCaptureModeGlobal: a CUDA call from the vision thread meanwhile would break the capture, so a
-# scheduler's first QUIET_STEPS steps run with no vision in flight.
+# scheduler's first QUIET_STEPS steps (a session's `capture_steps` where it has several step graphs) run with no
+# vision in flight.
 QUIET_STEPS = 3
 VISION_AHEAD_ENV = "EDGEOCR_VISION_AHEAD"     # "1": schedulers run vision ahead unless told otherwise
 _NO_PROMPT = np.zeros(0, np.int64)     # a blank page's: the model never saw it

@@ -6,6 +6,8 @@
     python -m quantize weight-int8 ARTIFACT OUT [--block-size 32] [--include-lm-head] [--decoder-only]
                                                 [--target gpu|cpu] [--bits 8|4]
     python -m quantize fuse ARTIFACT OUT [--target cuda|portable]
+    python -m quantize step-state ARTIFACT OUT     (gqa + in-graph selection: the decode step keeps its state on
+                                                    the device, no host-to-device copy per step)
     python -m quantize reslot ARTIFACT OUT --slots N     (same graphs, another slot count; ONNX Runtime)
     python -m quantize tiny OUT [--config tiny-a|tiny-b] [--seed N]
     python -m quantize train ...       (the demo model's trainer: python -m quantize train --help)
@@ -124,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="cuda (default): also ops only ONNX Runtime's CUDA EP runs; portable: every EP, CPU included")
     f.add_argument("--no-gqa-qk-norm", action="store_true",
                    help="cuda target: keep q|k|v split and the Q/K norms outside GroupQueryAttention")
+    ss = sub.add_parser("step-state", help="gqa + in-graph-selection artifact -> the same artifact whose decode "
+                        "step reads and advances its own state in device buffers (no host-to-device copy a step)")
+    ss.add_argument("artifact", type=Path)
+    ss.add_argument("out", type=Path, help="artifact directory to write (not ARTIFACT)")
     rs = sub.add_parser("reslot", help="artifact -> the same graphs with another slot count (the decoder takes "
                         "any batch; ONNX Runtime flavours; TensorRT engines must be rebuilt)")
     rs.add_argument("artifact", type=Path)
@@ -184,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
             _print_sizes(fuse_artifact(args.artifact, args.out, FuseOptions(
                 target=args.target, gqa_qk_norm=not args.no_gqa_qk_norm),
                 progress=_progress), args.out)
+        elif args.cmd == "step-state":
+            from quantize.step_state import step_state_artifact
+            _print_sizes(step_state_artifact(args.artifact, args.out, progress=_progress), args.out)
         elif args.cmd == "tiny":
             from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
             tc = {"tiny-a": TINY_A, "tiny-b": TINY_B}[args.config]

@@ -4,14 +4,16 @@
 #   1. probe which fused ops this ONNX Runtime's CUDA EP runs, numerically (scripts/gpu_perf.py probe)
 #   2. the real-size architecture on random weights, exported FP16 (gqa + selection in the graph, CUDA graph),
 #      fused for CUDA (quantize fuse; ops the probe rejected are left out), and weight-INT8 of the fused
-#      artifact (decoder and vision MatMuls as MatMulNBits); the decoder's op counts before/after (nodes.json)
-#   3. `edgeocr bench` of fused FP16 (`python -m quantize bench-hf`: beside transformers) and fused weight-INT8 on the eval page
+#      artifact (decoder and vision MatMuls as MatMulNBits), and the fused artifact with device-resident step
+#      state (quantize step-state: no host-to-device copy in a decode step); the decoder's op counts (nodes.json)
+#   3. `edgeocr bench` of fused FP16 (`python -m quantize bench-hf`: beside transformers), fused FP16 with step state
+#      and fused weight-INT8 on the eval page
 #      (1,093-token prompt, decode per token at that depth; first token from the file on the default
 #      preprocessing path, device on CUDA, and from pixels), the kernel count per decode step (gpu_profile.py),
 #      device memory after two pages of $TOKENS tokens (runtime settings), time to first token per
 #      preprocessing path
 #   4. as time allows (DEADLINE_S, default 400 s: nothing new starts later): memory with edgeocr.ort_options'
-#      settings, the unfused FP16 benched and profiled for before/after, tokens of fused vs unfused
+#      settings, the unfused FP16 benched and profiled for before/after, tokens of fused (and step state) vs unfused
 # Every step runs under what is left of HARD_S (default 530 s), so the whole script ends within 9 minutes
 # and always packs what it measured.  Results in $OUT (<= 5 files): summary.json (every result), bench.txt,
 # profile.txt, run.log.
@@ -83,17 +85,22 @@ fi
 PRECISION=fp16; [ $MODE = cpu ] && PRECISION=fp32   # ONNX Runtime's CPU EP has no FP16 GroupQueryAttention
 [ -f $W/fp16/manifest.json ] || step export $PY -m quantize export $CKPT $W/fp16 --precision $PRECISION \
   --attention gqa --select-on-device $EXPORT_ARGS
-rm -rf $W/fused $W/w8-fused
+rm -rf $W/fused $W/w8-fused $W/fused-state
 step fuse $PY -m quantize fuse $W/fp16 $W/fused --target $TARGET $FUSE_FLAGS
+step step_state $PY -m quantize step-state $W/fused $W/fused-state
 step w8_fused $PY -m quantize weight-int8 $W/fused $W/w8-fused
-step nodes $PY - "$R/nodes.json" $W/fused <<'EOF'
+step nodes $PY - "$R/nodes.json" $W/fused $W/fused-state <<'EOF'
 import json, sys
+from pathlib import Path
 from edgeocr.artifact import read
 f = read(sys.argv[2]).export["fusion"]["graphs"]["decoder"]
 free = ("Constant", "Identity", "Reshape", "Unsqueeze", "Squeeze", "Shape")     # no kernel on CUDA
 count = lambda ops: sum(v for k, v in ops.items() if k not in free)              # noqa: E731
 out = {"decoder_ops_exported": f["ops_before"], "decoder_ops_fused": f["ops_after"], "passes": f["passes"],
        "decoder_nodes_exported": count(f["ops_before"]), "decoder_nodes_fused": count(f["ops_after"])}
+if (Path(sys.argv[3]) / "manifest.json").exists():
+    st = read(sys.argv[3]).export["step_state"]
+    out.update(decoder_ops_step_state=st["ops_after"], decoder_nodes_step_state=count(st["ops_after"]))
 json.dump(out, open(sys.argv[1], "w"), indent=1); print({k: v for k, v in out.items() if "nodes" in k})
 EOF
 
@@ -121,8 +128,10 @@ print()" >> "$OUT/profile.txt"
 : > "$OUT/bench.txt"; : > "$OUT/profile.txt"
 COMPARE=""; [ $MODE = gpu ] && COMPARE=hf
 bench fp16_fused $W/fused $COMPARE
+bench fp16_fused_state $W/fused-state
 bench w8_fused $W/w8-fused
 profile fp16_fused $W/fused
+profile fp16_fused_state $W/fused-state
 profile w8_fused $W/w8-fused
 for art in fused w8-fused; do
   step memory_${art}_runtime $PY scripts/gpu_perf.py memory $W/$art --config runtime --device $DEV --tokens $TOKENS \
@@ -139,7 +148,8 @@ in_time "unfused FP16 bench" && bench fp16 $W/fp16
 in_time "unfused FP16 profile" && profile fp16 $W/fp16
 in_time "time to first token, weight-INT8" && step ttft_w8-fused $PY scripts/gpu_perf.py ttft $W/w8-fused "$IMG" \
   --device $DEV --json "$R/ttft_w8-fused.json"
-in_time "tokens fused vs unfused" && step tokens $PY - "$R/tokens.json" $DEV $W/fp16 $W/fused $W/w8-fused <<'EOF'
+in_time "tokens fused vs unfused" && step tokens $PY - "$R/tokens.json" $DEV $W/fp16 $W/fused $W/w8-fused \
+  $W/fused-state <<'EOF'
 import json, sys
 from pathlib import Path
 from edgeocr.dataset import load_dir
@@ -153,6 +163,9 @@ ref = runs[arts[0]]
 res = {a: {"tokens": r, "identical_to_" + Path(arts[0]).name: r == ref,
            "first_divergence": [next((i for i, (x, y) in enumerate(zip(t, u)) if x != y), None) for t, u in zip(r, ref)]}
        for a, r in runs.items()}
+state = [a for a in arts if Path(a).name == "fused-state"]
+if state:                      # the step-state form must give the tokens of the artifact it was made from
+    res[state[0]]["identical_to_fused"] = runs[state[0]] == runs[arts[1]]
 json.dump(res, open(out, "w"), indent=1); print({a: v["first_divergence"] for a, v in res.items()})
 EOF
 

@@ -330,7 +330,7 @@ def cmd_report(a) -> int:
     f = lambda x, n=3: "" if x is None else f"{x:.{n}f}"   # noqa: E731
     out = ["| flavour | prompt tokens | decode ms/token | TTFT ms from the file (path) | TTFT ms from pixels | vision ms |"
            " prefill ms | device MiB | transformers ms/token |", "|---|---|---|---|---|---|---|---|---|"]
-    for name in ("fp16", "fp16_fused", "w8", "w8_fused"):
+    for name in ("fp16", "fp16_fused", "fp16_fused_state", "w8", "w8_fused"):
         b = d.get(f"bench_{name}")
         if b:
             e, hf = b["edgeocr"], b.get("transformers") or {}
@@ -340,7 +340,9 @@ def cmd_report(a) -> int:
                              f(e["prefill_ms"], 1), f(e["peak_device_mib"], 0), f(hf.get("decode_ms_per_token"))]))
     if "nodes" in d:
         out += ["", "decoder nodes with a kernel (exported -> fused): "
-                f"{d['nodes']['decoder_nodes_exported']} -> {d['nodes']['decoder_nodes_fused']}"]
+                f"{d['nodes']['decoder_nodes_exported']} -> {d['nodes']['decoder_nodes_fused']}"
+                + (f", with step state {d['nodes']['decoder_nodes_step_state']}"
+                   if "decoder_nodes_step_state" in d["nodes"] else "")]
     out += ["", "| flavour | stage | kernels | GPU busy ms | wall ms | memcpy | host->device |", "|---|---|---|---|---|---|---|"]
     for k in sorted(x for x in d if x.startswith("profile_")):
         for s in d[k].get("stages", []):

@@ -78,6 +78,33 @@ def test_gqa_in_place_and_device_selection_give_the_same_tokens(demo_art, tmp_pa
         assert a.token_ids == b.token_ids and len(set(a.token_ids)) > 20
 
 
+def test_step_state_gives_the_graph_selection_tokens(tmp_path):
+    """`quantize step-state` on the trained model (whose outputs vary and repeat, so the penalty's seen sets
+    matter): three eval pages of 150, 60 and 110 tokens through 3 slots, the freed slots refilled, give exactly
+    the tokens of the gqa + in-graph-selection artifact it was made from, with the default and a stronger
+    penalty, and no step writes a slot's state from the host."""
+    from edgeocr.slots import drive
+    from quantize.export import ExportOptions, export
+    from quantize.step_state import step_state_artifact
+    export(DEMO, tmp_path / "select", ExportOptions(cache_len=1536, prefill_len=1280, attention="gqa",
+                                                    select_on_device=True, slots=3))
+    step_state_artifact(tmp_path / "select", tmp_path / "state")
+    ref, state = OCRModel(tmp_path / "select"), OCRModel(tmp_path / "state")
+    paths = [s.path for s in load_dir(EVAL)[:4]]
+    for pen in (None, 1.3):
+        opts = [DecodeOptions(max_new_tokens=n, repetition_penalty=pen) for n in (150, 60, 110, 40)]
+        runs = []
+        for model in (ref, state):
+            reqs = [(i, model.page(p, task="spotting", options=o)) for i, (p, o) in enumerate(zip(paths, opts))]
+            done = {}
+            for events in drive(model.scheduler(), reqs):
+                done.update((ev.tag, ev.result.token_ids) for ev in events if ev.result is not None)
+            runs.append(done)
+        assert runs[0] == runs[1] and sorted(runs[1]) == [0, 1, 2, 3]
+        assert len(set(runs[1][0])) > 20
+    assert state.session.resyncs == 0
+
+
 def _forced(model: OCRModel, path, tokens, task="structured_parse") -> np.ndarray:
     """Logits [len(tokens), V] with the given tokens fed back (teacher forcing): prefill, then steps."""
     prep = model.prepare(path)

@@ -134,3 +134,23 @@ def test_demo_slots_on_cuda_graph(tmp_path):
     many = dict(m.recognize_many([p.path for p in pages], task="structured_parse", options=o))
     assert [many[i].token_ids for i in range(10)] == [r.token_ids for r in alone]
     assert len({r.generated_tokens for r in alone}) > 3
+
+
+def test_demo_step_state_on_cuda_graphs(tmp_path):
+    """`quantize step-state` of the demo model's fast FP16 flavour with 3 slots, its two step bindings replayed as
+    two CUDA graphs, vision ahead (the CUDA default): 6 eval pages give the tokens of the artifact it was made
+    from, and no step writes a slot's state from the host."""
+    from pathlib import Path
+
+    from edgeocr.dataset import load_dir
+    from quantize.step_state import step_state_artifact
+    pages = [p.path for p in load_dir(Path(__file__).resolve().parents[1] / "calibration_data" / "eval")[:6]]
+    art = _demo_export(tmp_path, "fast16x3", precision="fp16", attention="gqa", select_on_device=True, slots=3)
+    step_state_artifact(art, tmp_path / "state")
+    ref, state = OCRModel(art, device="cuda"), OCRModel(tmp_path / "state", device="cuda")
+    assert state.session.cuda_graph and state.session.capture_steps == 6
+    o = DecodeOptions(max_new_tokens=200)
+    want = dict(ref.recognize_many(pages, task="structured_parse", options=o))
+    got = dict(state.recognize_many(pages, task="structured_parse", options=o))
+    assert {i: r.token_ids for i, r in got.items()} == {i: r.token_ids for i, r in want.items()}
+    assert state.session.resyncs == 0

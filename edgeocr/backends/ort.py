@@ -58,6 +58,12 @@ def open_ort_session(path: Path, art: Artifact, device: str = "cpu", threads: in
     cls = {"masked": MaskedSession, "gqa": GqaSession}.get(art.decoder.attention)
     if cls is None:
         raise ArtifactError(f"{path}: unknown decoder attention {art.decoder.attention!r}")
+    if art.decoder.step_state:
+        if cls is not GqaSession or not art.decoder.select_on_device:
+            raise ArtifactError(f"{path}: a decoder with device-resident step state must use GroupQueryAttention "
+                                "and select tokens in the graph")
+        from edgeocr.backends.ort_step_state import StepStateSession
+        cls = StepStateSession
     return cls(path, art, device=device, threads=threads, cuda_graph=cuda_graph)
 
 
@@ -67,6 +73,7 @@ class OrtSession:
 
     attention = ""              # the flavour's decoder attention
     inplace = False             # the graph updates the cache itself
+    step_graphs = 1             # decode-step bindings, one CUDA graph each
 
     def __init__(self, path: Path, art: Artifact, device: str = "cpu", threads: int | None = None,
                  cuda_graph: bool | None = None):
@@ -140,10 +147,13 @@ class OrtSession:
         providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
         if not self.cuda_graph:
             return providers, providers
-        # the decode step is captured once and replayed (gpu_graph_id 1); prefill runs outside it (-1)
-        self._ro_prefill, self._ro_step = ort.RunOptions(), ort.RunOptions()
+        # the decode step is captured once and replayed (gpu_graph_id 1, and 2.. for further step bindings);
+        # prefill runs outside it (-1)
+        self._ro_prefill, self._ro_steps = ort.RunOptions(), [ort.RunOptions() for _ in range(self.step_graphs)]
         self._ro_prefill.add_run_config_entry("gpu_graph_id", "-1")
-        self._ro_step.add_run_config_entry("gpu_graph_id", "1")
+        for i, ro in enumerate(self._ro_steps):
+            ro.add_run_config_entry("gpu_graph_id", str(i + 1))
+        self._ro_step = self._ro_steps[0]
         return providers, [("CUDAExecutionProvider", {**cuda, "enable_cuda_graph": "1"}), "CPUExecutionProvider"]
 
     def _alloc(self) -> None:
@@ -265,9 +275,7 @@ class OrtSession:
         self._bind_caches(b, slot)
         self._bind(b, "logits", self.logits, [1, self.vocab_size], index=0, output=True)
         if self._graph_select:
-            self._bind(b, "seen", self.seen, [1, self.vocab_size], index=slot)
-            self._bind(b, "penalty", self.penalty, [1], index=slot)
-            self._bind(b, "next_token", self.pf_next, output=True)
+            self._bind_prefill_select(b, slot)
         self._bind_prefill_flavour(b, s)
         self.decoder.run_with_iobinding(b, self._ro_prefill if self.cuda_graph else None)
         self._after_prefill(slot, s)
@@ -318,6 +326,11 @@ class OrtSession:
 
     def _bind_prefill_flavour(self, b, s: int) -> None:
         pass
+
+    def _bind_prefill_select(self, b, slot: int) -> None:
+        self._bind(b, "seen", self.seen, [1, self.vocab_size], index=slot)
+        self._bind(b, "penalty", self.penalty, [1], index=slot)
+        self._bind(b, "next_token", self.pf_next, output=True)
 
     def _after_prefill(self, slot: int, s: int) -> None:
         pass
