@@ -378,7 +378,7 @@ class _Timed:
         self.admit_ms.append((time.perf_counter() - t0) * 1e3)
 
     def step(self):
-        busy = self.sched.live()
+        busy = self.sched.decoding()
         t0 = time.perf_counter()
         events = self.sched.step()
         dt = (time.perf_counter() - t0) * 1e3

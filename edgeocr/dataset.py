@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 

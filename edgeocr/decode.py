@@ -68,6 +68,7 @@ class Sequence:
     finish_reason: FinishReason | None = None            # None while it goes on
     next_check: int = 0                                  # text length of the next tail-repetition check
     prefill_ms: float = 0.0                              # prefill and first token chosen
+    first_token_ms: float = 0.0                          # admission -> first token (vision, waits, prefill)
     decode_ms: float = 0.0                               # first token -> last token
     step_ms: list[float] = field(default_factory=list)   # wall time of each decode step it took part in
 

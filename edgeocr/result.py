@@ -51,7 +51,7 @@ class ResultBuilder:
         timings = dict(prep.timings_ms)
         prepared_ms = sum(prep.timings_ms.get(k, 0.0) for k in ("load", "preprocess"))
         timings.update({"vision": vision_ms, "prefill": seq.prefill_ms, "decode": seq.decode_ms,
-                        "first_token": vision_ms + seq.prefill_ms,
+                        "first_token": seq.first_token_ms,
                         "per_token": seq.decode_ms / (n - 1) if n > 1 else 0.0,
                         "total": prepared_ms + (time.perf_counter() - admitted) * 1e3})
         return OCRResult(text=text, lines=lines, finish_reason=seq.finish_reason,

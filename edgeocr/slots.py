@@ -1,16 +1,19 @@
 """The slot engine: N pages decode together in an N-slot artifact's KV cache (continuous batching at fixed
 shapes).
 
-`SlotScheduler` holds the per-page generation state and runs edgeocr.decode's steps over the session it is
-given.  `admit` takes a prepared `Page` (pixels, prompt, decoding options) into a free slot: its vision
-graph and its prefill; `step` advances every live slot by one token in a single decoder call and reports
-what each produced; a finished page frees its slot at once, so the next page can take it.
+`SlotScheduler` holds the per-page generation state and decodes through the session and token selection
+strategy (edgeocr.selection) it is given.  `admit` takes a prepared `Page` (pixels, prompt, decoding
+options) into a free slot: its vision graph and its prefill; `step` advances every live slot by one token
+in a single decoder call and reports what each produced; a finished page frees its slot at once, so the
+next page can take it.
 
-Vision ahead (`vision_ahead`; default: EDGEOCR_VISION_AHEAD=1 turns it on, off otherwise): `admit` only hands the page's vision to a worker thread,
-which writes the embeddings into the slot's own buffer while the other slots go on decoding (ONNX Runtime runs
-the vision session on its own CUDA stream); the page's prefill runs between two steps once its vision is
-done.  Without it, the other slots wait for the page's vision and prefill.  Either way, each page's tokens are those it would get decoding alone on the same artifact: slots never read
-each other's rows, and a step's math for one row does not depend on the other rows.
+Vision ahead (`vision_ahead`; EDGEOCR_VISION_AHEAD=1 turns it on by default, off otherwise): `admit` only
+hands the page's vision to the session's vision worker, a thread that writes the embeddings into the slot's
+own buffer while the other slots go on decoding (ONNX Runtime runs the vision session on its own CUDA
+stream); the page's prefill runs between two steps once its vision is done.  Without it, the other slots
+wait for the page's vision and prefill.  Either way, each page's tokens are those it would get decoding
+alone on the same artifact: slots never read each other's rows, and a step's math for one row does not
+depend on the other rows.
 
 `drive` is the one loop over a scheduler (admit while slots are free, step, repeat): OCRModel.recognize,
 stream and recognize_many, `edgeocr run` and the daemon's engine all run through it.
@@ -18,8 +21,10 @@ stream and recognize_many, `edgeocr run` and the daemon's engine all run through
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -31,6 +36,8 @@ from edgeocr import decode
 from edgeocr.decode import DecodeOptions, FinishReason, Sequence
 from edgeocr.prepare import Prepared, Preparer
 from edgeocr.selection import Selection
+
+log = logging.getLogger("edgeocr")
 
 
 @dataclass(frozen=True)
@@ -107,7 +114,7 @@ class SlotScheduler:
         if vision_ahead is None:          # off until its GPU figure is measured (docs/batching.md)
             vision_ahead = os.environ.get(VISION_AHEAD_ENV, "0") == "1"
         self.vision_ahead = vision_ahead
-        self._vision: ThreadPoolExecutor | None = None     # one worker: pages' visions run in admission order
+        self._vision = vision_worker(session)              # one per session: visions run in admission order
         self._steps = 0                   # decode steps run: the first QUIET_STEPS run with vision idle
         self.failed: list[tuple[object, Exception]] = []   # (tag, error) of pages whose vision failed (drive)
         self.table_cos, self.table_sin = text_rope
@@ -133,6 +140,10 @@ class SlotScheduler:
     def idle(self) -> bool:
         return not self.live()
 
+    def decoding(self) -> int:
+        """Slots whose page is prefilled and decoding (not waiting for its vision)."""
+        return sum(p is not None and p.vision is None for p in self.pages)
+
     def admit(self, page: Page, tag) -> None:
         """Encode and prefill a prepared `page` into a free slot.  Its first token is reported by the next
         step().  A blank page (`prep.blank`) is finished here without running the model: the next step()
@@ -154,11 +165,10 @@ class SlotScheduler:
                        penalty=page.penalty, next_check=page.options.tail_min_chars)
         held = _Slot(tag, seq, page.prep, page.task, 0.0, t_admit, page=page)
         if self.vision_ahead:
-            if self._vision is None:
-                self._vision = ThreadPoolExecutor(1, thread_name_prefix="edgeocr-vision")
             held.vision = self._vision.submit(self._encode, page.prep, slot)
             self.pages[slot] = held       # prefilled by a later step(), once its vision is done
             return
+        self._vision.drain()              # a vision still in flight (a cancelled page's) may write this slot
         held.vision_ms = self._encode(page.prep, slot)
         self._prefill(slot, held, self._pending)
         self.pages[slot] = held
@@ -176,12 +186,15 @@ class SlotScheduler:
         tok = self.selection.first(slot, seq.prompt_ids, seq.penalty, page.prompt.cos, page.prompt.sin)
         seq.prefill_ms = (time.perf_counter() - t_prefill) * 1e3
         held.t_first, held.page = time.perf_counter(), None
+        seq.first_token_ms = (held.t_first - held.t_admit) * 1e3
         self._emit(held, tok, events)
 
     def _start_ready(self, events: list[SlotEvent]) -> None:
         """Vision ahead: prefill every page whose vision has finished, in admission order; when no slot is
         decoding, wait for the first one first.  A page whose vision or prefill failed leaves its slot, its error
         in `failed`."""
+        if self._steps < getattr(self.session, "capture_steps", QUIET_STEPS):
+            self._vision.drain()                  # cancelled pages' visions too: a graph may be captured next
         waiting = sorted((i for i, p in enumerate(self.pages) if p is not None and p.vision is not None),
                          key=lambda i: self.pages[i].t_admit)
         if not waiting:
@@ -245,8 +258,9 @@ class SlotScheduler:
                 if p.done:                        # finished at admission, not reported yet: report nothing
                     self._pending = [ev for ev in self._pending if ev.tag != tag]
                 p.seq.finish_reason = FinishReason.CANCELLED
-                if p.vision is not None:          # its vision may still run; the next page's vision in this
-                    p.t_first = time.perf_counter()   # slot is queued behind it on the same worker
+                if p.vision is not None:          # its vision may still run: the worker keeps it in flight
+                    p.t_first = time.perf_counter()   # (the next vision into this slot queues behind it)
+                    p.vision.add_done_callback(_log_failure)
                 return self._result(p)
         return None
 
@@ -286,6 +300,45 @@ _END = object()
 # vision in flight.
 QUIET_STEPS = 3
 VISION_AHEAD_ENV = "EDGEOCR_VISION_AHEAD"     # "1": schedulers run vision ahead unless told otherwise
+
+
+class VisionWorker:
+    """A session's vision thread: pages' visions run one at a time in the order given, and the ones still in
+    flight are known (a cancelled page's too), so that nothing else uses the slot's image buffer or captures a
+    CUDA graph meanwhile.  One per session, shared by every scheduler over it; driven by one thread."""
+
+    def __init__(self):
+        self._pool: ThreadPoolExecutor | None = None
+        self._inflight: list[Future] = []
+
+    def submit(self, fn, *args) -> Future:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgeocr-vision")
+        fut = self._pool.submit(fn, *args)
+        self._inflight = [f for f in self._inflight if not f.done()] + [fut]
+        return fut
+
+    def drain(self) -> None:
+        """Wait until no vision is in flight."""
+        if self._inflight:
+            wait_futures(self._inflight)
+            self._inflight = []
+
+
+_WORKERS: "weakref.WeakKeyDictionary[object, VisionWorker]" = weakref.WeakKeyDictionary()
+
+
+def vision_worker(session) -> VisionWorker:
+    """The session's VisionWorker (made on first use; it goes with the session)."""
+    w = _WORKERS.get(session)
+    if w is None:
+        w = _WORKERS[session] = VisionWorker()
+    return w
+
+
+def _log_failure(fut: Future) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("a cancelled page's vision failed: %s", fut.exception())
 _NO_PROMPT = np.zeros(0, np.int64)     # a blank page's: the model never saw it
 _NO_PROMPT.flags.writeable = False
 
@@ -321,7 +374,11 @@ def drive(sched: SlotScheduler, feed: Iterable, on_admit_error: Callable[[object
                 return
             yield []                      # nothing live: the consumer gets control back between two pulls
             continue
-        events = sched.step()
+        try:
+            events = sched.step()
+        except Exception:
+            sched.failed.clear()          # every live page fails with the step; none is reported twice
+            raise
         while sched.failed:               # vision ahead: a page whose vision failed is an admission error
             tag, e = sched.failed.pop(0)
             if on_admit_error is None:

@@ -3,8 +3,9 @@
 # the real-size architecture on random weights, one FP16 export with GroupQueryAttention and in-graph
 # selection (CUDA graph on), the same graphs with 1, 4, 8 and 16 slots (`python -m quantize reslot`; the
 # decoder graph takes any batch), PAGES distinct 1024x1024 pages x TOKENS new tokens each through
-# `edgeocr bench --pages` (each page's vision ahead on a worker thread; 8 slots also with vision ahead off), against transformers' batched generate (bf16, sdpa) at the same batch sizes on
-# 2 x batch pages (at least 4).  JSON and a log under $OUT.
+# `edgeocr bench --pages` (each page's vision ahead on a worker thread; 8 slots also with vision ahead
+# off), against transformers' batched generate (bf16, sdpa) at the same batch sizes on 2 x batch pages
+# (at least 4).  JSON and a log under $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; W=${W:-/tmp/work}; mkdir -p "$OUT" $W

@@ -119,9 +119,10 @@ def test_cuda_slots_equal_alone(ckpt_b, tmp_path, flavour):
         assert [cpu.recognize(p, options=o).token_ids for p in pages] == alone
 
 
-def test_demo_slots_on_cuda_graph(tmp_path):
+def test_demo_slots_on_cuda_graph(tmp_path, monkeypatch):
     """The demo model's fast FP16 flavour with 8 slots under the CUDA graph: 10 eval pages decoded together
-    equal each page decoded alone (real text, varied lengths: pages stop at their own end token)."""
+    equal each page decoded alone (real text, varied lengths: pages stop at their own end token), with each
+    page's vision waiting for its slot and with vision ahead (on its own thread and stream)."""
     from pathlib import Path
 
     from edgeocr.dataset import load_dir
@@ -133,12 +134,15 @@ def test_demo_slots_on_cuda_graph(tmp_path):
     alone = [m.recognize(p.path, task="structured_parse", options=o) for p in pages]
     many = dict(m.recognize_many([p.path for p in pages], task="structured_parse", options=o))
     assert [many[i].token_ids for i in range(10)] == [r.token_ids for r in alone]
+    monkeypatch.setenv("EDGEOCR_VISION_AHEAD", "1")
+    ahead = dict(m.recognize_many([p.path for p in pages], task="structured_parse", options=o))
+    assert [ahead[i].token_ids for i in range(10)] == [r.token_ids for r in alone]
     assert len({r.generated_tokens for r in alone}) > 3
 
 
-def test_demo_step_state_on_cuda_graphs(tmp_path):
-    """`quantize step-state` of the demo model's fast FP16 flavour with 3 slots, its two step bindings replayed as
-    two CUDA graphs, vision ahead (the CUDA default): 6 eval pages give the tokens of the artifact it was made
+def test_demo_step_state_on_cuda_graphs(tmp_path, monkeypatch):
+    """`quantize step-state` of the demo model's unfused fast FP16 flavour with 3 slots, its two step bindings
+    replayed as two CUDA graphs, vision ahead on (EDGEOCR_VISION_AHEAD=1): 6 eval pages give the tokens of the artifact it was made
     from, and no step writes a slot's state from the host."""
     from pathlib import Path
 
@@ -147,7 +151,9 @@ def test_demo_step_state_on_cuda_graphs(tmp_path):
     pages = [p.path for p in load_dir(Path(__file__).resolve().parents[1] / "calibration_data" / "eval")[:6]]
     art = _demo_export(tmp_path, "fast16x3", precision="fp16", attention="gqa", select_on_device=True, slots=3)
     step_state_artifact(art, tmp_path / "state")
+    monkeypatch.setenv("EDGEOCR_VISION_AHEAD", "1")
     ref, state = OCRModel(art, device="cuda"), OCRModel(tmp_path / "state", device="cuda")
+    assert state.scheduler().vision_ahead
     assert state.session.cuda_graph and state.session.capture_steps == 6
     o = DecodeOptions(max_new_tokens=200)
     want = dict(ref.recognize_many(pages, task="structured_parse", options=o))

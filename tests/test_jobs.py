@@ -191,3 +191,33 @@ def test_every_exit_path_ends_in_its_state_and_the_counts_return_to_zero(art_a):
     assert metrics.generated >= 3 + 3 * 1        # the done page's 3, and each cancelled running page's tokens
     assert (adm.depth(), adm.in_engine(), adm.slots_busy(), adm.busy(), adm.reserved) == (0, 0, 0, 0, 0)
     assert worker.idle() and not adm.live
+
+
+def test_systemd_is_told_ready_before_readiness_answers_200(art_a):
+    """READY=1 goes out while the engine's phase is not yet "ready" (which /health/ready reports as 200): a
+    client that sees 200 can rely on systemd having been told, and systemd's READY=1 means admission is open."""
+    from edgeocr.sdnotify import Notifier
+    from edgeocr.serve.config import ServerConfig
+    from edgeocr.serve.engine import EngineWorker
+    from edgeocr.serve.jobs import Admission
+
+    class Watching(Notifier):
+        seen: tuple | None = None
+
+        def ready(self):
+            self.seen = (worker.phase, worker.admission.state)
+            super().ready()
+
+    notifier = Watching("")
+    worker = EngineWorker(ServerConfig(artifact=str(art_a), threads=1, warmup=False), Admission(queue_size=2),
+                          notifier)
+    worker.start()
+    try:
+        end = time.monotonic() + 60
+        while worker.phase != "ready":
+            assert worker.phase == "loading" and time.monotonic() < end, worker.error
+            time.sleep(0.01)
+        assert notifier.seen == ("loading", "ready")          # engine not "ready" yet; admission already open
+    finally:
+        worker.stop()
+        worker.join(30)

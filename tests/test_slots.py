@@ -328,3 +328,63 @@ def test_vision_ahead_from_the_environment(slot_arts, monkeypatch):
     assert model.scheduler().vision_ahead and not model.scheduler(vision_ahead=False).vision_ahead
     monkeypatch.setenv("EDGEOCR_VISION_AHEAD", "0")
     assert not model.scheduler().vision_ahead
+
+
+def test_vision_ahead_quiet_steps_wait_for_a_cancelled_pages_vision(slot_arts):
+    """A page cancelled while its vision runs: the scheduler's first steps (where a CUDA graph may be captured)
+    still wait for that vision, so no step runs while it is in flight."""
+    model = OCRModel(slot_arts["gqa"])
+    opts = DecodeOptions(max_new_tokens=6)
+    a, b = _pages(2)
+    spans, steps = _slow_vision(model, 0.3)
+    sched = model.scheduler(vision_ahead=True)
+    sched.admit(model.page(a, options=opts), "a")
+    sched.admit(model.page(b, options=opts), "b")
+    sched.cancel("b")
+    for _ in range(3):
+        sched.step()
+    assert len(spans) == 2 and len(steps) == 3
+    assert all(t > spans[1][1] for t in steps), "a quiet step ran while the cancelled page's vision was in flight"
+
+
+def test_a_new_scheduler_waits_for_visions_left_in_flight(slot_arts):
+    """Visions belong to the session's one worker: a page left in flight by an abandoned scheduler finishes
+    before a new scheduler (vision ahead or not) encodes into the same slot, so the new page reads its own
+    image."""
+    model = OCRModel(slot_arts["gqa"])
+    opts = DecodeOptions(max_new_tokens=6)
+    a, b = _pages(2)
+    alone_b = model.recognize(b, options=opts).token_ids
+    spans, _ = _slow_vision(model, 0.3)
+    old = model.scheduler(vision_ahead=True)
+    old.admit(model.page(a, options=opts), "a")       # then abandoned, its vision in flight
+    res = model.recognize(b, options=opts)            # a new scheduler, vision not ahead, slot 0 again
+    assert res.token_ids == alone_b
+    assert len(spans) == 2 and spans[1][0] >= spans[0][1], "the new page's vision overlapped the old one's"
+
+
+def test_drive_drops_recorded_failures_when_the_step_fails(slot_arts):
+    """A page's vision fails and the same step() then fails: drive() raises the step's error and leaves no
+    stale failure behind (the daemon fails every live job itself; a stale entry would be reported twice)."""
+    from edgeocr.slots import drive
+    model = OCRModel(slot_arts["gqa"])
+    opts = DecodeOptions(max_new_tokens=6)
+    s, real = model.session, model.session.encode_image
+    broken = []
+
+    def encode(pixels, slot=0):
+        if slot == 1:
+            broken.append(slot)
+            raise RuntimeError("vision failed on purpose")
+        real(pixels, slot)
+
+    def step(*a):
+        raise RuntimeError("step failed on purpose")
+    s.encode_image, s.step = encode, step
+    sched = model.scheduler(vision_ahead=True)
+    errors = []
+    reqs = [(i, model.page(p, options=opts)) for i, p in enumerate(_pages(2))]
+    with pytest.raises(RuntimeError, match="step failed"):
+        for _ in drive(sched, reqs, lambda tag, e: errors.append(tag)):
+            pass
+    assert broken == [1] and sched.failed == [] and errors == []

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from edgeocr import decode, postprocess, preprocess, prompts, rope
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_real_model_frequencies():
@@ -99,6 +103,7 @@ def test_backends_keep_the_session_signature():
 
     from edgeocr.backends.base import Session
     from edgeocr.backends.ort import GqaSession, MaskedSession, OrtGraphSelection
+    from edgeocr.backends.ort_step_state import StepStateSelection
     from edgeocr.backends.tensorrt import TrtGraphSelection, TrtSession
     from edgeocr.selection import HostSelection, Selection
     for cls in (MaskedSession, GqaSession, TrtSession):
@@ -106,9 +111,12 @@ def test_backends_keep_the_session_signature():
             want = list(inspect.signature(getattr(Session, name)).parameters)
             got = list(inspect.signature(getattr(cls, name)).parameters)
             assert got == want, (cls.__name__, name, got, want)
-        for gone in ("selects", "begin", "prefill_token", "step_tokens"):
+        for gone in ("begin", "prefill_token", "step_tokens"):
             assert not hasattr(cls, gone), (cls.__name__, gone)
-    for cls in (HostSelection, OrtGraphSelection, TrtGraphSelection):
+    for mod in ("edgeocr/backends/ort.py", "edgeocr/backends/tensorrt.py", "edgeocr/backends/ort_step_state.py",
+                "edgeocr/slots.py", "edgeocr/bench.py"):
+        assert ".selects" not in (ROOT / mod).read_text(), mod       # no selection flag left to test
+    for cls in (HostSelection, OrtGraphSelection, TrtGraphSelection, StepStateSelection):
         assert cls.where in ("host", "graph")
         for name in ("first", "next"):
             want = list(inspect.signature(getattr(Selection, name)).parameters)

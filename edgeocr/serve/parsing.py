@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import ipaddress
 import json
 import re
