@@ -121,7 +121,8 @@ def _run_pages(args, todo, loader, multi: bool) -> int:
     else:
         from edgeocr.model import OCRModel
         model = OCRModel(args.model, device=args.device, threads=args.threads, cuda_graph=_GRAPH[args.cuda_graph],
-                         preprocess=args.preprocess, max_pixels=loader.max_pixels)
+                         preprocess=args.preprocess, max_pixels=loader.max_pixels,
+                         vision_ahead=_GRAPH[args.vision_ahead])
     opts = DecodeOptions(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty)
     out = batchrun.JsonlWriter(args.out) if args.out else None
     sized = show_bar and _terminal_sized()          # else tqdm would draw nothing on a 0x0 terminal
@@ -303,6 +304,13 @@ def _graph_arg(p) -> None:
                         "artifacts exported with --attention gqa --select-on-device")
 
 
+def _vision_ahead_arg(p) -> None:
+    p.add_argument("--vision-ahead", choices=list(_GRAPH), default="auto",
+                   help="run each page's vision on its own thread while the other slots decode, only its prefill "
+                        "pausing them (auto, the default: env EDGEOCR_VISION_AHEAD=1 turns it on, else off; not "
+                        "yet measured on a GPU, docs/batching.md)")
+
+
 def _pixels_arg(p) -> None:
     from edgeocr.preprocess import DEFAULT_MAX_PIXELS, MAX_PIXELS_ENV
     p.add_argument("--max-pixels", type=int, default=None, metavar="N",
@@ -338,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     _graph_arg(r)
+    _vision_ahead_arg(r)
     _preprocess_arg(r)
     r.add_argument("--out", "-o", metavar="FILE.jsonl",
                    help="write one JSON line per page: {file, page, text, lines, finish_reason, timings_ms, ...}, "
@@ -389,9 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--pages", type=int, default=0, metavar="K",
                    help="many-pages mode: K pages through the artifact's slots (continuous batching); pages/s, "
                         "tokens/s and the decode step time with every slot busy")
-    b.add_argument("--vision-ahead", choices=list(_GRAPH), default="auto",
-                   help="with --pages: each page's vision on a worker thread while the other slots decode "
-                        "(auto, the default: as EDGEOCR_VISION_AHEAD says, off when unset)")
+    _vision_ahead_arg(b)
     c = sub.add_parser("check", help="compare two artifacts/backends page by page (e.g. FP16 vs INT8)",
                        description="Exit codes: 0 gates hold, 3 a gate failed, 1 error, 2 usage.")
     from edgeocr.check import add_arguments as add_check_arguments

@@ -60,6 +60,7 @@ class Job:
     lang: str
     options: DecodeOptions
     cuda_graph: bool | None          # None: the model's default for the device
+    vision_ahead: bool | None = None # None: EDGEOCR_VISION_AHEAD in the actor's environment, else off
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ class PageActor:
 
         self.job = job
         self.model = OCRModel(job.model, device=pool.device, threads=pool.threads, cuda_graph=job.cuda_graph,
-                              preprocess=pool.preprocess)
+                              preprocess=pool.preprocess, vision_ahead=job.vision_ahead)
 
     def __call__(self, batch: dict) -> dict:
         """{index, file, page, pixels, load_ms, record} -> {index, record}: every page's JSONL row."""
@@ -263,7 +264,7 @@ def run(args) -> int:
     job = Job(model=str(Path(args.model).resolve()), cwd=os.getcwd(), dpi=args.dpi, max_pixels=limit,
               task=args.task, prompt=args.prompt, lang=args.lang,
               options=DecodeOptions(max_new_tokens=args.max_new_tokens, repetition_penalty=args.repetition_penalty),
-              cuda_graph=cli._GRAPH[args.cuda_graph])
+              cuda_graph=cli._GRAPH[args.cuda_graph], vision_ahead=cli._GRAPH[args.vision_ahead])
     connect(ray, args.ray, local_cpus(args.ray_actors, args.threads), args.verbose)
     try:
         pool = plan_pool(ray.cluster_resources(), args.ray_actors, args.threads, args.preprocess, args.device, slots,

@@ -73,18 +73,21 @@ class OCRModel:
 
     def __init__(self, artifact_dir: str | Path, backend: str = "onnxruntime", device: str = "cpu",
                  threads: int | None = None, rope_layout: str | None = None, cuda_graph: bool | None = None,
-                 preprocess: str = "exact", max_pixels: int | None = None):
+                 preprocess: str = "exact", max_pixels: int | None = None, vision_ahead: bool | None = None):
         """preprocess: "exact" (Pillow's bicubic, as the reference processor), "fast" (JPEG decoded at reduced
         scale + OpenCV resize on the host; [fast] extra) or "device" (resize + normalize in a small ONNX graph
         on the session's device, within 2 levels of Pillow); measured in docs/perf.md.  The library keeps
         "exact" on every device (token-exact with the reference); `edgeocr run`/`bench` pick
         edgeocr.bench.default_preprocess(device) when no --preprocess is named.
         max_pixels: images larger than this are refused from their header (None: EDGEOCR_MAX_PIXELS, else
-        edgeocr.preprocess.DEFAULT_MAX_PIXELS)."""
+        edgeocr.preprocess.DEFAULT_MAX_PIXELS).
+        vision_ahead: the default of this model's schedulers (None: EDGEOCR_VISION_AHEAD, else off): each page's
+        vision on its own thread while the other slots decode (edgeocr.slots)."""
         if preprocess not in STRATEGIES:
             raise BackendError(f"unknown preprocess {preprocess!r}; use one of {', '.join(STRATEGIES)}")
         t0 = time.perf_counter()
         self.path = Path(artifact_dir)
+        self.vision_ahead = vision_ahead
         self.artifact = art = af.read(self.path)
         self.tokenizer = Tokenizer(self.path / art.tokenizer)
         self.session = open_session(self.path, art, backend, device, threads, cuda_graph)
@@ -169,8 +172,10 @@ class OCRModel:
 
     def scheduler(self, deltas: bool = False, vision_ahead: bool | None = None) -> SlotScheduler:
         """A scheduler over this model's session and pieces (one in use at a time: they share the KV cache).
-        vision_ahead: a page's vision runs on a worker thread while the other slots decode (None: as the
-        EDGEOCR_VISION_AHEAD environment variable says, off when unset; edgeocr.slots)."""
+        vision_ahead: a page's vision runs on a worker thread while the other slots decode (None: the model's
+        own setting, else the EDGEOCR_VISION_AHEAD environment variable, off when unset; edgeocr.slots)."""
+        if vision_ahead is None:
+            vision_ahead = self.vision_ahead
         return SlotScheduler(self.session, self.preparer, self.tokenizer, self.results,
                              (self.table_cos, self.table_sin), deltas=deltas, vision_ahead=vision_ahead)
 

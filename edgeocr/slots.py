@@ -112,7 +112,7 @@ class SlotScheduler:
         self.session, self.preparer, self.tokenizer, self.results = session, preparer, tokenizer, results
         self.selection = selection if selection is not None else session.selection()
         if vision_ahead is None:          # off until its GPU figure is measured (docs/batching.md)
-            vision_ahead = os.environ.get(VISION_AHEAD_ENV, "0") == "1"
+            vision_ahead = os.environ.get(VISION_AHEAD_ENV, "").strip().lower() in ("1", "true", "yes", "on")
         self.vision_ahead = vision_ahead
         self._vision = vision_worker(session)              # one per session: visions run in admission order
         self._steps = 0                   # decode steps run: the first QUIET_STEPS run with vision idle

@@ -388,3 +388,32 @@ def test_drive_drops_recorded_failures_when_the_step_fails(slot_arts):
         for _ in drive(sched, reqs, lambda tag, e: errors.append(tag)):
             pass
     assert broken == [1] and sched.failed == [] and errors == []
+
+
+def test_vision_ahead_knobs(slot_arts, tmp_path, monkeypatch):
+    """`edgeocr run --vision-ahead on` and OCRModel(vision_ahead=...) set the model's schedulers' default; the
+    daemon has it as a setting with its env twin and --help line."""
+    import argparse
+
+    from PIL import Image
+
+    from edgeocr.serve.config import ServerConfig, add_arguments, resolve
+    assert OCRModel(slot_arts["masked"], vision_ahead=True).scheduler().vision_ahead
+    page, out = tmp_path / "p.png", tmp_path / "r.jsonl"
+    Image.fromarray(make_image(3)).save(page)
+    seen, real = [], OCRModel.scheduler
+
+    def spy(self, *a, **kw):
+        sched = real(self, *a, **kw)
+        seen.append(sched.vision_ahead)
+        return sched
+    monkeypatch.setattr(OCRModel, "scheduler", spy)
+    from edgeocr.cli import main
+    assert main(["run", str(page), "--model", str(slot_arts["masked"]), "--vision-ahead", "on",
+                 "--max-new-tokens", "3", "--out", str(out), "--no-progress"]) == 0
+    assert seen == [True] and '"finish_reason": "length"' in out.read_text()
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    assert ServerConfig().vision_ahead is False and "--vision-ahead" in ap.format_help()
+    cfg = resolve(ap.parse_args([str(slot_arts["masked"])]), {"EDGEOCR_VISION_AHEAD": "true"})
+    assert cfg.vision_ahead is True

@@ -42,6 +42,7 @@ class ServerConfig:
     backlog: int = 1024                              # listen backlog (capped by net.core.somaxconn)
     metrics: bool = False                            # serve Prometheus /metrics
     warmup: bool = True                              # run one image before reporting ready
+    vision_ahead: bool = False                       # a page's vision on its own thread while the others decode
     log_level: str = "info"                          # debug | info | warning | error
 
 
@@ -66,6 +67,8 @@ HELP = {
     "max_connections": "open client connections before new ones get 503",
     "backlog": "listen backlog (capped by net.core.somaxconn)",
     "metrics": "serve Prometheus /metrics (true/false)", "warmup": "warm up before ready (true/false)",
+    "vision_ahead": "run each page's vision on its own thread while the other slots decode (true/false; "
+                    "not yet measured on a GPU, docs/batching.md)",
     "log_level": "debug, info, warning or error",
 }
 LOG_LEVELS = ("debug", "info", "warning", "error")
