@@ -23,18 +23,10 @@ EVAL = ROOT / "calibration_data" / "eval"
 
 
 @pytest.fixture(scope="module")
-def cpu_arts(tmp_path_factory):
+def cpu_arts(demo_arts):
     """The demo model: FP32 GroupQueryAttention + selection in the graph, fused for portable ONNX Runtime, and
     its CPU 8-bit artifact."""
-    from quantize.export import ExportOptions, export
-    from quantize.fuse import FuseOptions, fuse_artifact
-    from quantize.weight_int8 import build_cpu
-
-    root = tmp_path_factory.mktemp("cpu8")
-    export(DEMO, root / "fp32", ExportOptions(cache_len=1536, prefill_len=1280, attention="gqa", select_on_device=True))
-    fuse_artifact(root / "fp32", root / "fp32f", FuseOptions(target="portable"))
-    build_cpu(root / "fp32f", root / "cpu8")
-    return {"fp32": root / "fp32f", "cpu8": root / "cpu8"}
+    return {"fp32": demo_arts["fp32"], "cpu8": demo_arts["cpu8"]}
 
 
 def _forced_agreement(ref: OCRModel, cand: OCRModel, path, tokens) -> float:
