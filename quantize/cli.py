@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep the vision graph's weights as they are (by default they are stored in 8 bits too)")
     w.add_argument("--target", choices=["gpu", "cpu"], default="gpu",
                    help="cpu: from an FP32 artifact, lm_head included, integer accumulation (MatMulNBits "
-                        "accuracy_level 4), the flavour for ONNX Runtime's CPU provider (docs/int8.md)")
+                        "accuracy_level 4; vision: int8 MatMulInteger, activations quantized at run time), the "
+                        "flavour for ONNX Runtime's CPU provider (docs/int8.md)")
     w.add_argument("--bits", type=int, choices=[8, 4], default=8, help="weight bits (4: smaller, less exact)")
     f = sub.add_parser("fuse", help="artifact -> the same artifact with fused ONNX Runtime graphs (fewer kernels "
                        "per decode step and per vision call; run before weight-int8)")

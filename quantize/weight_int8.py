@@ -21,8 +21,10 @@ The CPU flavour (`build_cpu`) starts from an FP32 artifact (fused `--target port
 decoder), quantizes the tied lm_head too (a quarter of the weight bytes a decode step reads) and sets
 MatMulNBits' `accuracy_level` to 4: ONNX Runtime's CPU kernels then quantize each activation row to 8 bits
 per block and accumulate in integers (AVX2 / AVX512-VNNI / ARM dot-product), instead of dequantizing the
-weights to FP32 on every call, which made the default 8-bit flavour 4x slower than FP32 on a CPU
-(docs/int8.md has the figures).
+weights to FP32 on every call, which made the default 8-bit flavour 4x slower than FP32 on a CPU.  Its vision
+graph's MatMuls (4,096 rows a page, not one) become ONNX MatMulInteger with activations quantized at run time
+(`quantize_matmuls_dynamic`), which ONNX Runtime runs as one u8s8 integer GEMM each: their time fell to ~0.3x
+FP32's, against ~0.5-0.7x for MatMulNBits (docs/int8.md has the figures).
 """
 
 from __future__ import annotations
@@ -108,12 +110,58 @@ def quantize_matmuls(model, block_size: int, keep: list[str] = (), bits: int = 8
     return qm, sum(1 for n in qm.graph.node if n.op_type == "MatMulNBits"), eligible
 
 
+class _QuantizerChatter(logging.Filter):
+    """Drops onnxruntime.quantization's root-logger lines: the advice to run its image-model pre-processing
+    first, and a line per MatMul output whose type it takes from DefaultTensorType."""
+
+    def filter(self, record):
+        msg = record.getMessage()
+        return "pre-processing before quantization" not in msg and "DefaultTensorType" not in msg
+
+
+def quantize_matmuls_dynamic(path: Path, keep: list[str] = ()):
+    """Every MatMul with a constant 2-D weight in the graph at `path` (except the `keep` node names) ->
+    ONNX MatMulInteger: the weight as int8, symmetric, one scale per output channel; the activation quantized to
+    uint8 at run time (DynamicQuantizeLinear, one scale and zero point per tensor).  ONNX Runtime's CPU provider
+    fuses each into DynamicQuantizeMatMul, MLAS's u8s8 integer GEMM.  Returns (quantized ModelProto, MatMuls
+    quantized, MatMuls eligible)."""
+    import tempfile
+
+    import onnx
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as e:
+        raise ValueError(f"dynamic INT8 needs ONNX Runtime's quantization tools ({e}): "
+                         "pip install 'edgeocr[int8]'") from None
+
+    src = onnx.load(str(path), load_external_data=False)
+    inits = {i.name for i in src.graph.initializer}
+    eligible = sum(1 for n in src.graph.node if n.op_type == "MatMul" and n.input[1] in inits and n.name not in keep)
+    quiet = _QuantizerChatter()
+    logging.getLogger().addFilter(quiet)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            q = Path(tmp) / path.name
+            quantize_dynamic(path, q, op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QInt8,
+                             nodes_to_exclude=list(keep), use_external_data_format=True,
+                             # MatMul outputs of ONNX Runtime's fused ops have no inferred type: FP32
+                             extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
+            qm = onnx.load(str(q))
+    finally:
+        logging.getLogger().removeFilter(quiet)
+    return qm, sum(1 for n in qm.graph.node if n.op_type == "MatMulInteger"), eligible
+
+
 def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_head: bool = False,
                       vision: bool = True, progress: Callable[[str], None] | None = None, bits: int = 8,
-                      accuracy_level: int | None = None, target: str = "gpu") -> af.Artifact:
+                      accuracy_level: int | None = None, target: str = "gpu",
+                      vision_block_size: int | None = None, vision_dynamic: bool = False) -> af.Artifact:
     """FP16 (or FP32) artifact -> the same artifact with the MatMul weights in `bits`-bit blocks (8 or 4): the
-    decoder's and, with `vision` (default), the vision encoder's.  `accuracy_level`: MatMulNBits' compute
+    decoder's and, with `vision` (default), the vision encoder's, in blocks of `block_size` inputs
+    (`vision_block_size` for the vision graph; None: the same).  `accuracy_level`: MatMulNBits' compute
     type (see quantize_matmuls); `target` ("gpu" | "cpu") is recorded in the manifest for `edgeocr doctor`.
+    `vision_dynamic`: the vision graph's MatMuls as MatMulInteger with activations quantized at run time
+    (quantize_matmuls_dynamic) instead of MatMulNBits.
 
     The (tied) lm_head stays as it is unless `lm_head`: ONNX Runtime 1.31's CUDA MatMulNBits has no
     one-row kernel for its shape (vocabulary-wide output) and dequantizes the whole matrix every step
@@ -136,8 +184,10 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
         raise ValueError(f"accuracy_level {accuracy_level}: MatMulNBits takes 0-4")
     if target not in ("gpu", "cpu"):
         raise ValueError(f"target {target!r}: 'gpu' or 'cpu'")
-    if block_size < 16 or block_size & (block_size - 1):
-        raise ValueError(f"block size {block_size}: must be a power of two >= 16 (MatMulNBits)")
+    vision_block_size = vision_block_size or block_size
+    for b in (block_size, vision_block_size):
+        if b < 16 or b & (b - 1):
+            raise ValueError(f"block size {b}: must be a power of two >= 16 (MatMulNBits)")
     if out.resolve() == src_artifact.resolve():
         raise ValueError("OUT must differ from ARTIFACT")
     out.mkdir(parents=True, exist_ok=True)
@@ -147,20 +197,31 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
     written = set()
     for graph in ("decoder", "vision") if vision else ("decoder",):
         g = getattr(src, graph).file
-        model = onnx.load(str(src_artifact / g))          # external data loaded from beside it
+        dynamic = graph == "vision" and vision_dynamic
+        # weights loaded from beside the graph, except where quantize_matmuls_dynamic reads the file itself
+        model = onnx.load(str(src_artifact / g), load_external_data=not dynamic)
         if graph == "decoder" and lm_head:
             flipped = weight_first_matmuls(model)
             if flipped:
                 say(f"decoder: {', '.join(flipped)} also stored as [in, out] for its MatMul (the tied lm_head)")
         # the RoPE rotate-half matrix is a +-1 permutation, not a weight: left exact
         keep = [n.name for n in model.graph.node if n.op_type == "MatMul" and "rope_rotate_half" in n.input[1]]
-        qm, done, eligible = quantize_matmuls(model, block_size, keep, bits, accuracy_level)
+        if dynamic:
+            qm, done, eligible = quantize_matmuls_dynamic(src_artifact / g, keep)
+            form = {"op": "MatMulInteger", "weights": "int8, symmetric, per output channel",
+                    "activations": "uint8, per tensor, quantized at run time (DynamicQuantizeLinear)"}
+            say(f"{graph}: {done} of {eligible} MatMul weights stored as int8 per channel, activations "
+                "quantized at run time (MatMulInteger)")
+        else:
+            block = vision_block_size if graph == "vision" else block_size
+            qm, done, eligible = quantize_matmuls(model, block, keep, bits, accuracy_level)
+            form = {"op": "MatMulNBits", "block_size": block}
+            say(f"{graph}: {done} of {eligible} MatMul weights stored as {bits}-bit blocks of {block}")
         if done == 0:
             raise ValueError(f"{src_artifact / g}: no MatMul with a constant weight to quantize")
-        say(f"{graph}: {done} of {eligible} MatMul weights stored as {bits}-bit blocks of {block_size}")
         save_graph(qm, out / g)
         written |= {g, g + ".data"}
-        info["graphs"][graph] = {"matmuls_quantized": done, "matmuls_total": eligible}
+        info["graphs"][graph] = {"matmuls_quantized": done, "matmuls_total": eligible, **form}
     # everything else (the graphs kept as they are, tokenizer) is copied as it is
     for name in src.files:
         if name not in written:
@@ -182,8 +243,10 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
 
 def build_cpu(src_artifact: Path, out: Path, bits: int = 8, block_size: int = 32,
               progress: Callable[[str], None] | None = None) -> af.Artifact:
-    """FP32 artifact -> the CPU flavour: every MatMul weight of both graphs, the tied lm_head included, in
-    `bits`-bit blocks computed with integer accumulation (accuracy_level 4).  The artifact should be the
+    """FP32 artifact -> the CPU flavour: every decoder MatMul weight, the tied lm_head included, in `bits`-bit
+    blocks computed with integer accumulation (accuracy_level 4); every vision MatMul as MatMulInteger (int8
+    weights per channel, activations quantized at run time: MLAS's u8s8 GEMM, faster than MatMulNBits over the
+    4,096 rows of a page, docs/int8.md has the figures).  The artifact should be the
     GroupQueryAttention decoder (attention over the live length, cache written in place), fused with
     `python -m quantize fuse --target portable`."""
     src = af.read(Path(src_artifact))
@@ -198,4 +261,4 @@ def build_cpu(src_artifact: Path, out: Path, bits: int = 8, block_size: int = 32
         say("note: masked decoder: each step attends over the whole static cache; export with --attention gqa "
             "for attention over the live length only")
     return build_weight_int8(src_artifact, out, block_size=block_size, lm_head=True, vision=True, progress=progress,
-                             bits=bits, accuracy_level=CPU_ACCURACY_LEVEL, target="cpu")
+                             bits=bits, accuracy_level=CPU_ACCURACY_LEVEL, target="cpu", vision_dynamic=True)

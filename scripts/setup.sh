@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
 # Set up a development/CI environment in .venv: CPU torch (pinned, from the local wheel where present),
 # edgeocr with its export, data, dev, peer and ray extras, the fonts the document generators render with,
-# Chromium (the HTML document generator, the daemon's page test) and Tesseract (scripts/peer_compare.py).
+# Chromium (the HTML document generator, the daemon's page test) and Tesseract (scripts/peer_compare.py); and
+# .venv-ort-oldest: the oldest ONNX Runtime pyproject.toml allows (the newest patch of the `onnxruntime>=X.Y` pin's
+# X.Y) with edgeocr's runtime dependencies only (no torch), for tests/test_oldest_onnxruntime.py.
+#     scripts/setup.sh --ort-oldest    makes (or refreshes) only .venv-ort-oldest
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+ort_oldest() {
+    local floor
+    floor=$(grep -o '"onnxruntime>=[0-9.]*"' pyproject.toml | head -1 | tr -d '"' | cut -d= -f2)
+    [ -n "$floor" ] || { echo "setup.sh: no \"onnxruntime>=X.Y\" pin in pyproject.toml" >&2; return 1; }
+    [ -x .venv-ort-oldest/bin/python ] || "$PY" -m venv .venv-ort-oldest
+    .venv-ort-oldest/bin/pip install -q "onnxruntime==$floor.*" -e . 2>&1 | grep -v "^WARNING: Location" || true
+    .venv-ort-oldest/bin/python -c "import onnxruntime, edgeocr; print('.venv-ort-oldest: onnxruntime', onnxruntime.__version__)"
+}
+if [ "${1:-}" = --ort-oldest ]; then ort_oldest; exit; fi
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     need=""
     fc-list 2>/dev/null | grep -qi "Noto Sans CJK" || need="$need fonts-noto-cjk fonts-wqy-microhei fonts-arphic-uming fonts-liberation2 fonts-dejavu-core fontconfig"
@@ -17,7 +30,6 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
     fi
 fi
-PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
 # torch first, pinned: an unpinned torch pulls a multi-GB CUDA build
@@ -30,3 +42,4 @@ if .venv/bin/pip show -q opencv-python >/dev/null 2>&1; then
     .venv/bin/pip install -q --force-reinstall --no-deps "opencv-python-headless==$v" 2>&1 | grep -v "^WARNING: Location" || true
 fi
 .venv/bin/python -c "import torch, transformers, onnxruntime, edgeocr; print('edgeocr', edgeocr.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| onnxruntime', onnxruntime.__version__)"
+ort_oldest

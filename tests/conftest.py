@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
 
 CACHE_LEN = 1536
 PREFILL_LEN = 1400
+DEMO = Path(__file__).resolve().parents[1] / "demo_model"
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +55,23 @@ def gqa_arts(ckpt_a, ckpt_b, tmp_path_factory):
 def pair(request, ckpt_a, ckpt_b, art_a, art_b):
     """(checkpoint, artifact) for both tiny configs."""
     return (ckpt_a, art_a) if request.param == "a" else (ckpt_b, art_b)
+
+
+@pytest.fixture(scope="session")
+def demo_arts(tmp_path_factory):
+    """The demo model's artifacts of every flavour (cache 1,536, prefill 1,280): "masked" (FP32, masked
+    attention over the static cache), "fp32" (FP32 GroupQueryAttention + selection in the graph, fused for
+    portable ONNX Runtime: the CPU chain's base) and "cpu8" (`weight-int8 --target cpu` of "fp32")."""
+    from quantize.export import ExportOptions, export
+    from quantize.fuse import FuseOptions, fuse_artifact
+    from quantize.weight_int8 import build_cpu
+
+    root = tmp_path_factory.mktemp("demo-arts")
+    export(DEMO, root / "masked", ExportOptions(cache_len=1536, prefill_len=1280))
+    export(DEMO, root / "gqa", ExportOptions(cache_len=1536, prefill_len=1280, attention="gqa", select_on_device=True))
+    fuse_artifact(root / "gqa", root / "fp32", FuseOptions(target="portable"))
+    build_cpu(root / "fp32", root / "cpu8")
+    return {"masked": root / "masked", "fp32": root / "fp32", "cpu8": root / "cpu8"}
 
 
 def make_image(seed: int, size=(600, 800)) -> np.ndarray:
