@@ -142,8 +142,10 @@ def quantize_matmuls_dynamic(path: Path, keep: list[str] = ()):
     try:
         with tempfile.TemporaryDirectory() as tmp:
             q = Path(tmp) / path.name
+            # reduce_range: 7-bit weights, so that u8 x s7 pair sums fit int16 on x86 CPUs without VNNI
+            # (AVX2 / AVX-512 without VNNI saturate u8 x s8 pairs; ONNX Runtime's quantization guide)
             quantize_dynamic(path, q, op_types_to_quantize=["MatMul"], per_channel=True, weight_type=QuantType.QInt8,
-                             nodes_to_exclude=list(keep), use_external_data_format=True,
+                             reduce_range=True, nodes_to_exclude=list(keep), use_external_data_format=True,
                              # MatMul outputs of ONNX Runtime's fused ops have no inferred type: FP32
                              extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT})
             qm = onnx.load(str(q))
@@ -208,10 +210,11 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
         keep = [n.name for n in model.graph.node if n.op_type == "MatMul" and "rope_rotate_half" in n.input[1]]
         if dynamic:
             qm, done, eligible = quantize_matmuls_dynamic(src_artifact / g, keep)
-            form = {"op": "MatMulInteger", "weights": "int8, symmetric, per output channel",
+            form = {"op": "MatMulInteger",
+                    "weights": "int8 in [-64, 64] (reduce_range), symmetric, per output channel",
                     "activations": "uint8, per tensor, quantized at run time (DynamicQuantizeLinear)"}
             say(f"{graph}: {done} of {eligible} MatMul weights stored as int8 per channel, activations "
-                "quantized at run time (MatMulInteger)")
+                "quantized at run time (MatMulInteger, 7-bit weight range)")
         else:
             block = vision_block_size if graph == "vision" else block_size
             qm, done, eligible = quantize_matmuls(model, block, keep, bits, accuracy_level)

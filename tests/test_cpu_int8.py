@@ -80,6 +80,7 @@ def test_cpu_int8_graph_and_manifest(cpu_arts):
     for n in mmi:
         w, w_zero = inits[n.input[1]], inits[n.input[3]]
         assert w.dtype == np.int8 and w.ndim == 2 and not w_zero.any(), n.name        # symmetric int8 weights
+        assert np.abs(w.astype(np.int32)).max() <= 64, n.name   # 7-bit range: 255 x 64 x 2 fits int16 without VNNI
         assert w_zero.shape == (w.shape[1],), n.name                                   # one scale per output channel
         assert producers[n.input[0]].op_type == "DynamicQuantizeLinear", n.name        # activations: at run time
     for g in graphs.values():
@@ -91,7 +92,7 @@ def test_cpu_int8_graph_and_manifest(cpu_arts):
 
 def test_cpu_int8_vision_tracks_fp32(cpu_arts):
     """The CPU artifact's vision embeddings (MatMulInteger, activations quantized per tensor at run time) against
-    FP32's on three eval pages: cosine >= 0.9995 on each (measured 2026-12-04: 0.99988-0.99992)."""
+    FP32's on three eval pages: cosine >= 0.9995 on each (measured 2026-12-04: 0.99986-0.99990, 7-bit weights)."""
     ref, cand = OCRModel(cpu_arts["fp32"]), OCRModel(cpu_arts["cpu8"])
     for s in load_dir(EVAL)[:3]:
         pixels = ref.prepare(s.path).pixels
