@@ -79,8 +79,8 @@ def test_every_exit_path_ends_in_its_state_and_the_counts_return_to_zero(art_a):
         model, info = open_model(cfg)
         make = model.scheduler
 
-        def scheduler(deltas=False):
-            sched = make(deltas=deltas)
+        def scheduler(**kw):
+            sched = make(**kw)
             admit, step = sched.admit, sched.step
 
             def admit_(page, tag):
