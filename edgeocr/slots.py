@@ -220,13 +220,11 @@ class SlotScheduler:
         """One decode step of every live slot; returns the tokens produced (first tokens of newly admitted
         pages included), with the result on each finished page's last event."""
         events, self._pending = self._pending, []
+        if self.vision_ahead:                     # prefill the pages whose vision is done (without it, admit
+            self._start_ready(events)             # waited for any vision in flight and prefilled at once)
         for i, p in enumerate(self.pages):
-            if p is not None and p.done:          # finished at admission (first token), reported now
-                self.pages[i] = None
-        self._start_ready(events)                 # vision ahead: prefill the pages whose vision is done
-        for i, p in enumerate(self.pages):
-            if p is not None and p.done:          # finished on its first token just now: reported in `events`
-                self.pages[i] = None
+            if p is not None and p.done:          # finished on its first token (at admission or just now):
+                self.pages[i] = None              # its events are in `events`
         live = self._live
         live[:] = [p is not None and p.vision is None for p in self.pages]
         if not live.any():

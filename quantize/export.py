@@ -119,6 +119,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def copy_unwritten(src: Path, out: Path, files, written: set[str]) -> None:
+    """Copy the artifact files (`files`: names under `src`) that a derivation did not write itself into `out`."""
+    for name in files:
+        if name not in written:
+            shutil.copyfile(src / name, out / name)
+
+
 def _file_table(out: Path) -> dict:
     """The artifact's files for its manifest (name -> bytes, sha256), each made readable by all: a daemon
     running as another user must be able to read the artifact."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 import sys
 import time
 from collections import Counter
@@ -702,7 +701,7 @@ def fuse_artifact(src: Path, out: Path, opts: FuseOptions = FuseOptions(),
     """FP16 or FP32 artifact -> the same artifact with fused graphs (OUT may equal SRC: fused in place).
 
     Fuse before `quantize weight-int8`: the fusions match MatMul + bias patterns that MatMulNBits replaces."""
-    from quantize.export import _file_table, _io
+    from quantize.export import _file_table, _io, copy_unwritten
 
     opts.validate()
     say = progress or (lambda s: log.info("%s", s))
@@ -731,9 +730,7 @@ def fuse_artifact(src: Path, out: Path, opts: FuseOptions = FuseOptions(),
         say(f"{name}: {sum(before.values())} -> {sum(after.values())} nodes ("
             + ", ".join(f"{k} {v}" for k, v in passes.items() if v) + ")")
     if out.resolve() != src.resolve():
-        for f in m.files:
-            if f not in written:
-                shutil.copyfile(src / f, out / f)
+        copy_unwritten(src, out, m.files, written)
     dec = report["graphs"]["decoder"]
     report["cuda_only_ops"] = ["GroupQueryAttention q_norm_weight/k_norm_weight"] if dec["passes"].get("gqa_qk_norm") \
         else []

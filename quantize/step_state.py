@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 import sys
 import time
 from dataclasses import replace
@@ -131,7 +130,7 @@ def step_state_artifact(src: Path, out: Path, progress=None) -> af.Artifact:
     """A GQA + in-graph-selection artifact -> the same artifact whose decoder holds its step state (see module
     doc).  Vision graph and tokenizer are copied (not hard-linked: onnx refuses to load a weights file with several
     links, so a hard link would break `quantize weight-int8` of either artifact); OUT must differ from SRC."""
-    from quantize.export import _file_table, _io
+    from quantize.export import _file_table, _io, copy_unwritten
     from quantize.fuse import load_graph, op_counts, save_graph
 
     say = progress or (lambda s: log.info("%s", s))
@@ -153,11 +152,7 @@ def step_state_artifact(src: Path, out: Path, progress=None) -> af.Artifact:
     before = op_counts(model)
     done = add_step_state(model, table_cos, table_sin)
     save_graph(model, out / m.decoder.file)
-    written = {m.decoder.file, m.decoder.file + ".data"}
-    for name in m.files:
-        if name in written:
-            continue
-        shutil.copyfile(src / name, out / name)
+    copy_unwritten(src, out, m.files, {m.decoder.file, m.decoder.file + ".data"})
     report = {"version": STEP_STATE_VERSION, "rewired": done, "ops_before": before, "ops_after": op_counts(model),
               "seconds": round(time.perf_counter() - t0, 1)}
     new = m.derive(decoder=replace(m.decoder, step_state=True, **_io(out / m.decoder.file)),

@@ -30,7 +30,6 @@ FP32's, against ~0.5-0.7x for MatMulNBits (docs/int8.md has the figures).
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -171,7 +170,7 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
     embedding table instead of storing a second, INT8 copy."""
     import onnx
 
-    from quantize.export import _file_table, _io
+    from quantize.export import _file_table, _io, copy_unwritten
     from quantize.fuse import save_graph
 
     say = progress or (lambda s: log.info("%s", s))
@@ -226,9 +225,7 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
         written |= {g, g + ".data"}
         info["graphs"][graph] = {"matmuls_quantized": done, "matmuls_total": eligible, **form}
     # everything else (the graphs kept as they are, tokenizer) is copied as it is
-    for name in src.files:
-        if name not in written:
-            shutil.copyfile(src_artifact / name, out / name)
+    copy_unwritten(src_artifact, out, src.files, written)
     dec = info["graphs"]["decoder"]
     info.update(matmuls_quantized=dec["matmuls_quantized"], matmuls_total=dec["matmuls_total"],
                 seconds=round(time.perf_counter() - t0, 1))

@@ -317,6 +317,16 @@ class OrtSession:
     def memory_bytes(self) -> dict:
         return {"kv_cache": self.art.kv.bytes}
 
+    def _start_selection(self, seen: Buffer, slot: int, prompt_ids: np.ndarray, penalty: float) -> None:
+        """In-graph selection state of a new sequence in `slot`: only its prompt's ids marked in `seen` [N, V],
+        its repetition penalty.  Synced by the prefill that follows."""
+        if not 0 <= slot < self.slots:
+            raise IndexError(f"slot {slot} outside [0, {self.slots})")
+        row = np.zeros((self.vocab_size,), np.float32)
+        row[np.asarray(prompt_ids, np.int64)] = 1.0
+        self.mem.write(seen, row, offset=slot * self.vocab_size)
+        self.mem.write(self.penalty, np.asarray([penalty], np.float32), offset=slot)
+
     # ------------------------------------------------------------ flavour hooks
     def _prefill_len_value(self, s: int) -> int:
         raise NotImplementedError
@@ -431,12 +441,7 @@ class OrtGraphSelection:
 
     def first(self, slot: int, prompt_ids: np.ndarray, penalty: float, cos: np.ndarray, sin: np.ndarray) -> int:
         s = self.s
-        if not 0 <= slot < s.slots:
-            raise IndexError(f"slot {slot} outside [0, {s.slots})")
-        row = np.zeros((s.vocab_size,), np.float32)         # only the prompt's ids are marked seen
-        row[np.asarray(prompt_ids, np.int64)] = 1.0
-        s.mem.write(s.seen, row, offset=slot * s.vocab_size)
-        s.mem.write(s.penalty, np.asarray([penalty], np.float32), offset=slot)
+        s._start_selection(s.seen, slot, prompt_ids, penalty)
         s._prefill(slot, prompt_ids, cos, sin)
         return int(s.mem.read(s.pf_next, s.first_tokens)[0])
 

@@ -167,14 +167,8 @@ class StepStateSelection:
         self.s = session
 
     def first(self, slot: int, prompt_ids: np.ndarray, penalty: float, cos: np.ndarray, sin: np.ndarray) -> int:
-        s = self.s
-        if not 0 <= slot < s.slots:
-            raise IndexError(f"slot {slot} outside [0, {s.slots})")
-        v, k = s.vocab_size, s.side
-        row = np.zeros((v,), np.float32)                  # only the prompt's ids are marked seen
-        row[np.asarray(prompt_ids, np.int64)] = 1.0
-        s.mem.write(s.seens[k], row, offset=slot * v)
-        s.mem.write(s.penalty, np.asarray([penalty], np.float32), offset=slot)
+        s, k = self.s, self.s.side
+        s._start_selection(s.seens[k], slot, prompt_ids, penalty)
         s._prefill(slot, prompt_ids, cos, sin)          # syncs the writes above before it runs
         if not s.h_live[slot]:                          # only once the prefill ran: a slot whose admission failed
             s.mem.write(s.live, s.h_one, offset=slot)   # must not advance
