@@ -9,7 +9,9 @@
 # --data-seed so no page is seen in two stages). INIT: the checkpoint to start from (demo_model, or one carried
 # back from an earlier call). Env: POOL_PAGES (6144), BATCH (32), EVAL_PAGES (8), DIAG_PAGES (8),
 # RUN (/tmp/edgeocr-cur), OUT ($RUN/out). Results in $OUT: final.tar.gz (bf16 checkpoint of the last stage,
-# every stage's train_log.jsonl, run_summary.json and train_config.json, diag.json, eval.json) and cur.log.
+# every stage's train_log.jsonl, run_summary.json and train_config.json; written before measuring), diag.json,
+# eval.json and cur.log. Plan a call as: pool (about 75 s for 8,192 pages) + stage seconds + about 30 s of model
+# loads per stage + about 90 s of measuring, inside the call's limit.
 # Carry the tarball's checkpoint/ back (e.g. in .carry/) and give it as INIT to continue in a later call.
 # The machine has no fonts: carry a folder made here with `python -m quantize.docgen --subset-fonts .carry/fonts`.
 set -euo pipefail
@@ -49,11 +51,7 @@ for i in "${!names[@]}"; do
 done
 wait
 
-say "measuring $prev"
-python3 scripts/diag_image_use.py "$prev" --device "${DEVICE:-cuda}" --pages "${DIAG_PAGES:-8}" --levels 0,0.5,1 \
-  --json "$RUN/diag.json" 2>&1 | grep -vE "Loading|Writing" | tee -a "$LOG"
-python3 scripts/eval_ckpt.py "$prev" --device "${DEVICE:-cuda}" --pages "${EVAL_PAGES:-8}" --json "$RUN/eval.json" \
-  2>&1 | grep -vE "Loading|Writing" | tee -a "$LOG"
+# the checkpoint comes back first, so a call cut off while measuring still returns what it trained
 stage_files=()
 for n in "${names[@]}"; do
   for f in train_log.jsonl run_summary.json train_config.json; do
@@ -61,5 +59,12 @@ for n in "${names[@]}"; do
   done
 done
 rm -rf "$RUN/checkpoint" && cp -r "$prev" "$RUN/checkpoint"
-(cd "$RUN" && tar czf "$OUT/final.tar.gz" checkpoint diag.json eval.json "${stage_files[@]}")
-say "done: $OUT/final.tar.gz"
+(cd "$RUN" && tar czf "$OUT/final.tar.gz" checkpoint "${stage_files[@]}")
+say "checkpoint: $OUT/final.tar.gz"
+
+say "measuring $prev"
+python3 scripts/diag_image_use.py "$prev" --device "${DEVICE:-cuda}" --pages "${DIAG_PAGES:-8}" --levels 0,0.5,1 \
+  --json "$OUT/diag.json" 2>&1 | grep -vE "Loading|Writing" | tee -a "$LOG"
+python3 scripts/eval_ckpt.py "$prev" --device "${DEVICE:-cuda}" --pages "${EVAL_PAGES:-8}" --json "$OUT/eval.json" \
+  2>&1 | grep -vE "Loading|Writing" | tee -a "$LOG"
+say "done"

@@ -2,7 +2,7 @@
 """Score other OCR engines and edgeocr artifacts on the same labelled pages with the same metric.
 
     python scripts/peer_compare.py --data calibration_data/eval \
-        [--systems rapidocr,tesseract,fp16,int8] [--fp16 ARTIFACT_DIR] [--int8 ARTIFACT_DIR] [--limit N] \
+        [--systems rapidocr,tesseract,fp16,fp32,int8] [--fp16|--fp32|--int8 ARTIFACT_DIR] [--limit N] \
         [--out-md peer_compare.md] [--out-json peer_compare.json] [--resume]
 
 Systems:
@@ -13,7 +13,7 @@ Systems:
   boxes of a line left to right joined by a space, lines by newlines.
 - tesseract: Tesseract 5 (`tesseract IMAGE stdout -l chi_sim+eng --psm 6`; Debian tesseract-ocr,
   tesseract-ocr-chi-sim, tesseract-ocr-eng), its text as printed.
-- fp16, int8: edgeocr artifacts (paths from --fp16 / --int8) on ONNX Runtime CPU, task structured_parse
+- fp16, fp32, int8: edgeocr artifacts (paths from --fp16 / --fp32 / --int8) on ONNX Runtime CPU, task structured_parse
   (full text in reading order), greedy decoding with the artifact's own repetition penalty.
 By default: rapidocr, tesseract when on PATH, and each artifact given.
 
@@ -186,13 +186,17 @@ def _atomic_write(path: Path, data: str) -> None:
     os.replace(tmp, path)
 
 
+ARTIFACTS = ("fp16", "fp32", "int8")   # edgeocr systems, each read from the artifact its flag names
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="calibration_data/eval", help="page images with labels.jsonl")
     ap.add_argument("--systems", default=None,
-                    help="comma-separated subset of rapidocr,tesseract,fp16,int8 (default: rapidocr, tesseract "
+                    help="comma-separated subset of rapidocr,tesseract,fp16,fp32,int8 (default: rapidocr, tesseract "
                          "when installed, and the artifacts given)")
     ap.add_argument("--fp16", default=None, help="edgeocr FP16 artifact directory")
+    ap.add_argument("--fp32", default=None, help="edgeocr FP32 artifact directory")
     ap.add_argument("--int8", default=None, help="edgeocr INT8 artifact directory")
     ap.add_argument("--limit", type=int, default=None, help="only the first N pages (sorted by file name)")
     ap.add_argument("--max-new-tokens", type=int, default=1024, help="edgeocr decoding cap (default %(default)s)")
@@ -208,11 +212,11 @@ def main(argv=None) -> int:
     if args.systems:
         names = [s.strip() for s in args.systems.split(",") if s.strip()]
     else:
-        names = ["rapidocr"] + (["tesseract"] if tess else []) + [n for n in ("fp16", "int8") if getattr(args, n)]
-    bad = [n for n in names if n not in ("rapidocr", "tesseract", "fp16", "int8")]
+        names = ["rapidocr"] + (["tesseract"] if tess else []) + [n for n in ARTIFACTS if getattr(args, n)]
+    bad = [n for n in names if n not in ("rapidocr", "tesseract", *ARTIFACTS)]
     if bad or not names:
-        ap.error(f"unknown system(s) {bad}; choose from rapidocr, tesseract, fp16, int8")
-    for n in ("fp16", "int8"):
+        ap.error(f"unknown system(s) {bad}; choose from rapidocr, tesseract, {', '.join(ARTIFACTS)}")
+    for n in ARTIFACTS:
         if n in names and not getattr(args, n):
             ap.error(f"system {n} needs --{n} ARTIFACT_DIR")
     if "tesseract" in names and not tess:

@@ -47,8 +47,9 @@ def demo_art(tmp_path_factory):
 
 
 def test_demo_model_reads_eval_pages(demo_art):
-    """Mean CER on the first four held-out pages <= 0.65 (measured 0.49 at 400 and 800 tokens; random weights
-    give ~1.0), and the shipping label's printed headings come out verbatim."""
+    """Mean CER on the first four held-out pages <= 0.25 (measured 0.17, 2026-12-04; the model before the
+    reading curriculum measured 0.49, random weights give ~1.0), and the shipping label's printed headings
+    come out verbatim."""
     model = OCRModel(demo_art)
     samples = load_dir(EVAL)[:4]
     cers, texts = [], []
@@ -56,7 +57,7 @@ def test_demo_model_reads_eval_pages(demo_art):
         r = model.recognize(s.path, task="structured_parse", options=DecodeOptions(max_new_tokens=400))
         texts.append(r.text)
         cers.append(metrics.cer(r.text, s.text))
-    assert sum(cers) / len(cers) <= 0.65, cers
+    assert sum(cers) / len(cers) <= 0.25, cers
     assert "SF EXPRESS" in texts[0] and "TRACKING #:" in texts[0], texts[0]
 
 
@@ -152,7 +153,8 @@ def test_weight_only_int8_tracks_fp32(demo_art, tmp_path):
 
 def test_weight_only_int8_vision_tracks_fp32(demo_art, tmp_path):
     """`quantize weight-int8` (default): the vision encoder's MatMul weights as 8-bit blocks too (4 per layer and
-    the merger's projection).  Its image embeddings stay within 3 % of their spread of the FP32 ones, and
+    the merger's projection).  Its image embeddings stay within 1 % (RMS; 6 % at the worst element) of their spread
+    of the FP32 ones, every image token's cosine above 0.9995, and
     fed the FP32 artifact's own tokens it picks the same next token at >= 90 % of steps, on two eval pages."""
     import onnx
 
@@ -176,7 +178,11 @@ def test_weight_only_int8_vision_tracks_fp32(demo_art, tmp_path):
         a.session.encode_image(px)
         b.session.encode_image(px)
         ea, eb = a.session.image_embeds(), b.session.image_embeds()
-        assert np.abs(eb - ea).max() / ea.std() < 0.03, np.abs(eb - ea).max() / ea.std()   # measured 0.015-0.017
+        err = np.abs(eb - ea) / ea.std()
+        cos = (ea * eb).sum(1) / np.linalg.norm(ea, axis=1) / np.linalg.norm(eb, axis=1)
+        # measured on eval pages 0-3: RMS 0.0023-0.0028, worst element 0.018-0.037, worst token's cosine 0.99993
+        assert np.sqrt((err ** 2).mean()) < 0.01 and err.max() < 0.06 and cos.min() > 0.9995, \
+            (np.sqrt((err ** 2).mean()), err.max(), cos.min())
         toks = a.recognize(s.path, task="structured_parse", options=DecodeOptions(max_new_tokens=120, repetition_penalty=1.0)).token_ids
         la, lb = _forced(a, s.path, toks), _forced(b, s.path, toks)
         agree = float((lb.argmax(1) == la.argmax(1)).mean())
