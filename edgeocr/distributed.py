@@ -109,14 +109,13 @@ def connect(ray, address: str, local_cpus: float, verbose: bool) -> None:
 
 
 def plan_pool(resources: dict, actors: int | None, threads: int | None, preprocess: str, device: str,
-              slots: int, pages: int) -> Pool:
+              slots: int, pages: int, call_pages: int | None = None) -> Pool:
     """One actor per GPU where the cluster has GPUs; else CPU actors of `threads` threads (default 1), as
-    many as fit beside one read task.  `actors` overrides the count.  An actor call takes PAGES_PER_SLOT
-    pages per slot, fewer when `pages` would otherwise leave an actor without work."""
-    if actors is not None and actors < 1:
-        raise RayError(f"--ray-actors must be a positive integer, got {actors}")
-    if threads is not None and threads < 1:
-        raise RayError(f"--threads must be a positive integer, got {threads}")
+    many as fit beside one read task.  `actors` overrides the count.  An actor call takes `call_pages` pages
+    (default PAGES_PER_SLOT per slot), fewer when `pages` would otherwise leave an actor without work."""
+    for flag, value in (("--ray-actors", actors), ("--threads", threads), ("--ray-call-pages", call_pages)):
+        if value is not None and value < 1:
+            raise RayError(f"{flag} must be a positive integer, got {value}")
     gpus = int(resources.get("GPU", 0))
     if gpus:
         if device != "cuda":                        # the run's default (cpu) preprocess: use the GPU's default
@@ -126,7 +125,7 @@ def plan_pool(resources: dict, actors: int | None, threads: int | None, preproce
     else:
         t = threads or 1
         n, dev, cpus, gpu = actors or max(1, int((resources.get("CPU", 1) - READ_CPUS) // t)), "cpu", float(t), 0.0
-    batch = max(1, min(max(1, slots) * PAGES_PER_SLOT, math.ceil(pages / n)))
+    batch = max(1, min(call_pages or max(1, slots) * PAGES_PER_SLOT, math.ceil(pages / n)))
     return Pool(n, dev, cpus, gpu, t, preprocess, batch)
 
 
@@ -242,7 +241,8 @@ def run(args) -> int:
         return cli._usage("--ray and --remote exclude each other")
     if args.stream:
         return cli._usage("--stream is for local runs, not --ray")
-    for flag, value in (("--ray-actors", args.ray_actors), ("--threads", args.threads)):
+    for flag, value in (("--ray-actors", args.ray_actors), ("--threads", args.threads),
+                        ("--ray-call-pages", args.ray_call_pages)):
         if value is not None and value < 1:
             return cli._usage(f"{flag} must be a positive integer, got {value}")
     parquet = Path(args.out).suffix.lower() == ".parquet"
@@ -268,7 +268,7 @@ def run(args) -> int:
     connect(ray, args.ray, local_cpus(args.ray_actors, args.threads), args.verbose)
     try:
         pool = plan_pool(ray.cluster_resources(), args.ray_actors, args.threads, args.preprocess, args.device, slots,
-                         pages=sum(r.error is None for r in todo))
+                         pages=sum(r.error is None for r in todo), call_pages=args.ray_call_pages)
         log.info("ray: %d %s actor(s), %d pages per call, %d pages", pool.actors, pool.device, pool.batch_pages,
                  len(todo))
         if parquet:

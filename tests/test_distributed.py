@@ -293,6 +293,7 @@ def test_without_ray_the_error_names_the_extra(work, demo_art):
     ([], "--ray writes its pages to a file: pass --out FILE.jsonl or FILE.parquet"),
     (["--out", "o.jsonl", "--remote", "unix:/nowhere.sock"], "--ray and --remote exclude each other"),
     (["--out", "o.jsonl", "--ray-actors", "0"], "--ray-actors must be a positive integer, got 0"),
+    (["--out", "o.jsonl", "--ray-call-pages", "0"], "--ray-call-pages must be a positive integer, got 0"),
 ])
 def test_usage_errors(work, demo_art, extra, message):
     p = _python(f"import sys; from edgeocr.cli import main; sys.exit(main(['run', 'in', '--model', "
@@ -309,6 +310,13 @@ def test_pool_plan():
     assert (cpu.actors, cpu.device, cpu.gpus, cpu.cpus, cpu.threads, cpu.batch_pages) == (7, "cpu", 0.0, 2.0, 2, 2)
     few = distributed.plan_pool({"CPU": 2}, 2, None, "exact", "cpu", slots=4, pages=3)
     assert (few.actors, few.batch_pages) == (2, 2)        # both actors get a call
+    big = distributed.plan_pool({"CPU": 64, "GPU": 1}, None, None, "exact", "cuda", slots=8, pages=1000,
+                                call_pages=64)
+    assert (big.actors, big.batch_pages) == (1, 64)      # --ray-call-pages: 8 per slot instead of 2
+    assert distributed.plan_pool({"CPU": 64, "GPU": 2}, None, None, "exact", "cuda", slots=8, pages=100,
+                                 call_pages=64).batch_pages == 50      # never so many that an actor idles
+    with pytest.raises(distributed.RayError, match="--ray-call-pages must be a positive integer, got 0"):
+        distributed.plan_pool({"CPU": 4}, None, None, "exact", "cpu", slots=1, pages=10, call_pages=0)
     # --ray local: the actors' CPUs plus one for the read tasks, whatever the machine has
     assert distributed.local_cpus(2, 1) >= 2 * 1 + distributed.READ_CPUS
     assert distributed.local_cpus(3, 2) >= 3 * 2 + distributed.READ_CPUS
