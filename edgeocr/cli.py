@@ -373,8 +373,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --ray: actors recognizing pages (default: one per GPU of the cluster, else as many "
                         "--threads-thread CPU actors as fit beside a read task)")
     r.add_argument("--ray-call-pages", type=int, default=None, metavar="N",
-                   help="with --ray: pages an actor recognizes per call (default 2 per artifact slot); the slots "
-                        "drain at the end of each call, so more pages per call keep a GPU busier")
+                   help="with --ray: pages an actor recognizes per call (default 2 per artifact slot; at most the "
+                        "pages divided among the actors); the slots drain at the end of each call, so more pages per "
+                        "call keep a GPU busier, while a read task loads as many pages and holds their pixels")
     r.add_argument("--api-key-file", default=os.environ.get("EDGEOCR_API_KEY_FILE"),
                    help="Bearer key for a TCP daemon (env EDGEOCR_API_KEY_FILE)")
     s_ = sub.add_parser("serve", help="run the local OCR daemon (systemd Type=notify)",

@@ -330,7 +330,8 @@ def _drive(args, ds, todo: list[pages.PageRef], out, pool: Pool) -> int:
     done = counts["ok"] + counts["failed"]
     secs = time.perf_counter() - t0
     print(f"{done} pages in {secs:.1f} s ({done / max(secs, 1e-9):.2f} pages/s): {counts['ok']} ok, "
-          f"{counts['failed']} failed -> {args.out} ({pool.actors} {pool.device} actor(s) on Ray)", file=sys.stderr)
+          f"{counts['failed']} failed -> {args.out} ({pool.actors} {pool.device} actor(s) on Ray, "
+          f"{pool.batch_pages} pages per call)", file=sys.stderr)
     if interrupted:
         print(f"interrupted: {len(todo) - done} of {len(todo)} pages not done; run again with --resume to finish "
               f"{args.out}", file=sys.stderr)

@@ -10,8 +10,8 @@
 # back from an earlier call). Env: POOL_PAGES (6144), BATCH (32), EVAL_PAGES (8), DIAG_PAGES (8),
 # RUN (/tmp/edgeocr-cur), OUT ($RUN/out). Results in $OUT: final.tar.gz (bf16 checkpoint of the last stage,
 # every stage's train_log.jsonl, run_summary.json and train_config.json; written before measuring), diag.json,
-# eval.json and cur.log. Plan a call as: pool (about 75 s for 8,192 pages) + stage seconds + about 30 s of model
-# loads per stage + about 90 s of measuring, inside the call's limit.
+# eval.json and cur.log. Wall time on one H200 with 16 cores: the first pool (about 75 s for 8,192 pages) + the
+# stages' seconds + about 30 s of model loads per stage + about 90 s of measuring.
 # Carry the tarball's checkpoint/ back (e.g. in .carry/) and give it as INIT to continue in a later call.
 # The machine has no fonts: carry a folder made here with `python -m quantize.docgen --subset-fonts .carry/fonts`.
 set -euo pipefail

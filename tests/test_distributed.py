@@ -213,7 +213,8 @@ def test_two_cpu_actors_read_the_pages_as_the_local_run(ray_run, local_run, watc
     ok = [r for r in recs if "error" not in r]
     assert all(set(r["timings_ms"]) >= {"load", "vision", "prefill", "decode", "total"} for r in ok)
     assert {r["page"] for r in ok if r["file"] == "in/scan.pdf"} == {1, 2, 3}
-    assert "12 pages in" in p.stderr and "11 ok, 1 failed" in p.stderr and "2 cpu actor(s) on Ray" in p.stderr
+    assert "12 pages in" in p.stderr and "11 ok, 1 failed" in p.stderr
+    assert "2 cpu actor(s) on Ray, 4 pages per call" in p.stderr          # 2 slots x 2 pages a call
     assert "error: in/broken.png: not a recognized image format" in p.stderr
     assert len(watch.pids("PageActor")) == 2, watch.seen                 # the pool: two actors, each loaded once
     watch.assert_none_left()
@@ -232,8 +233,9 @@ def test_resume_a_parquet_file_and_the_journal_of_a_killed_run(ray_run, local_ru
     with open(parquet_out.journal_path(out), "w", encoding="utf-8") as j:
         j.write(json.dumps(good[5], ensure_ascii=False) + "\n" + '{"file": "in/scan.pdf", "pa')
     p = watch.run(["in", "--model", demo_art, "--out", out, "--resume", "--ray", "local", "--ray-actors", "2",
-                   *COMMON], cwd=work)
+                   "--ray-call-pages", "1", *COMMON], cwd=work)
     assert p.returncode == 1, p.stderr
+    assert "2 cpu actor(s) on Ray, 1 pages per call" in p.stderr
     assert "6 pages already done, 6 to go (1 error line(s) removed; 1 of those pages run again)" in p.stderr
     assert "6 pages in" in p.stderr
     assert not parquet_out.journal_path(out).exists()
