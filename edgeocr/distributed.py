@@ -108,14 +108,21 @@ def connect(ray, address: str, local_cpus: float, verbose: bool) -> None:
             lambda rec: not rec.getMessage().startswith("Progress bars disabled"))
 
 
+def bad_count(actors: int | None, threads: int | None, call_pages: int | None) -> str | None:
+    """The message for the first of --ray-actors, --threads, --ray-call-pages given below 1, else None."""
+    for flag, value in (("--ray-actors", actors), ("--threads", threads), ("--ray-call-pages", call_pages)):
+        if value is not None and value < 1:
+            return f"{flag} must be a positive integer, got {value}"
+    return None
+
+
 def plan_pool(resources: dict, actors: int | None, threads: int | None, preprocess: str, device: str,
               slots: int, pages: int, call_pages: int | None = None) -> Pool:
     """One actor per GPU where the cluster has GPUs; else CPU actors of `threads` threads (default 1), as
     many as fit beside one read task.  `actors` overrides the count.  An actor call takes `call_pages` pages
     (default PAGES_PER_SLOT per slot), fewer when `pages` would otherwise leave an actor without work."""
-    for flag, value in (("--ray-actors", actors), ("--threads", threads), ("--ray-call-pages", call_pages)):
-        if value is not None and value < 1:
-            raise RayError(f"{flag} must be a positive integer, got {value}")
+    if (bad := bad_count(actors, threads, call_pages)) is not None:
+        raise RayError(bad)
     gpus = int(resources.get("GPU", 0))
     if gpus:
         if device != "cuda":                        # the run's default (cpu) preprocess: use the GPU's default
@@ -241,10 +248,8 @@ def run(args) -> int:
         return cli._usage("--ray and --remote exclude each other")
     if args.stream:
         return cli._usage("--stream is for local runs, not --ray")
-    for flag, value in (("--ray-actors", args.ray_actors), ("--threads", args.threads),
-                        ("--ray-call-pages", args.ray_call_pages)):
-        if value is not None and value < 1:
-            return cli._usage(f"{flag} must be a positive integer, got {value}")
+    if (bad := bad_count(args.ray_actors, args.threads, args.ray_call_pages)) is not None:
+        return cli._usage(bad)                          # before Ray is imported or started
     parquet = Path(args.out).suffix.lower() == ".parquet"
     ray = import_ray()
     try:

@@ -2,8 +2,8 @@
 # On an NVIDIA GPU (onnxruntime-gpu and ray[data] 2.60 importable): `edgeocr run --device cuda` against
 # `edgeocr run --ray local --ray-actors 1` (one GPU actor), on the same PAGES distinct pages (calibration_data/eval,
 # then eval_html), TOKENS new tokens at most, the artifact ART (default: the real-size architecture on random
-# weights, FP16, GroupQueryAttention, in-graph selection, SLOTS slots; built here if missing, as
-# scripts/gpu_slots_bench.sh builds it).  Ray runs at the default 2 pages per slot per actor call and at
+# weights, FP16, GroupQueryAttention, in-graph selection, SLOTS slots: scripts/gpu_realsize.sh, shared with
+# scripts/gpu_slots_bench.sh).  Ray runs at the default 2 pages per slot per actor call and at
 # CALL_PAGES pages per call.  DEVICE=cpu runs the same comparison on the CPU with every GPU hidden.
 # Prints one line per run (exit code, wall seconds of the whole command with Ray's start and the model loads, and
 # the run's own "pages in" line), Ray's overhead against the local run, and how many pages' texts equal the local
@@ -20,11 +20,10 @@ DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
 LOG=$OUT/ray_bench.log
 if [ -z "${ART:-}" ]; then
-  [ -d $W/real-ckpt ] || $PY -m quantize.realsize $W/real-ckpt 2>&1 | tail -1 || exit 1
-  [ -f $W/real-fp16-gqa/manifest.json ] || $PY -m quantize export $W/real-ckpt $W/real-fp16-gqa --precision fp16 \
-      --device cuda --attention gqa --select-on-device --cache-len 4096 2>&1 | tail -1 || exit 1
+  # shellcheck source=scripts/gpu_realsize.sh
+  source "$(dirname "$0")/gpu_realsize.sh"
+  realsize_slots "$SLOTS" || exit 1
   ART=$W/slots$SLOTS
-  [ -f $ART/manifest.json ] || $PY -m quantize reslot $W/real-fp16-gqa $ART --slots $SLOTS 2>&1 | tail -1 || exit 1
 fi
 rm -rf $W/ray-in && mkdir -p $W/ray-in
 ls calibration_data/eval/*.jpg calibration_data/eval_html/*.jpg | head -n "$PAGES" | while read -r f; do
@@ -40,7 +39,7 @@ bench() {   # name, extra args: one timed `edgeocr run`, recorded as name:exit c
   rc=$?
   t1=$(date +%s%N)
   runs+=("$name:$rc:$(( (t1 - t0) / 1000000 ))")
-  printf '%-24s rc %d  wall %8.1f s | %s\n' "$name" $rc "$(( (t1 - t0) / 1000000 ))e-3" \
+  printf '%-24s rc %d  wall %8s s | %s\n' "$name" $rc "$(awk "BEGIN { printf \"%.1f\", ($t1 - $t0) / 1e9 }")" \
       "$(grep -E '^[0-9]+ pages in' "$W/$name.err" | tail -1)" | tee -a "$LOG"
   [ $rc -le 1 ] || tail -20 "$W/$name.err" | tee -a "$LOG"      # 1: a page failed (its error row is written)
 }

@@ -10,11 +10,10 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; W=${W:-/tmp/work}; mkdir -p "$OUT" $W
 PAGES=${PAGES:-64}; TOKENS=${TOKENS:-256}; SLOTS=${SLOTS:-1 4 8 16}
-[ -d $W/real-ckpt ] || python3 -m quantize.realsize $W/real-ckpt 2>&1 | tail -1
-[ -f $W/real-fp16-gqa/manifest.json ] || python3 -m quantize export $W/real-ckpt $W/real-fp16-gqa --precision fp16 \
-    --device cuda --attention gqa --select-on-device --cache-len 4096 2>&1 | tail -1
+# shellcheck source=scripts/gpu_realsize.sh
+source "$(dirname "$0")/gpu_realsize.sh"
 for n in $SLOTS; do
-  python3 -m quantize reslot $W/real-fp16-gqa $W/slots$n --slots $n 2>&1 | tail -1
+  realsize_slots "$n" || exit 1
   tp=$(( 2 * n < 4 ? 4 : 2 * n ))
   python3 -m quantize bench-hf $W/slots$n $W/real-ckpt --device cuda --pages $PAGES --tokens $TOKENS \
       --task structured_parse --transformers-pages $tp --vision-ahead on --json "$OUT/slots_$n.json" 2>&1 \
