@@ -13,7 +13,7 @@ those the --out file already holds.  The rest go through a Ray Data pipeline:
                           them for the engine, so a slot freed by one call's last page takes the next call's page;
                           one GPU per actor on a cluster with GPUs, CPU actors otherwise
                        ─► driver: one row per page, as it comes back, in the local run's schema; the closing line
-                          gives the whole time, the time to the first rows and the rate after them
+                          gives the whole time, the time to the first page and the rate from it to the last
 
 A page that fails (unreadable, refused by the model) is an error row, as locally.  An actor that dies is
 restarted by Ray and its batch run again; the driver writes each page once, and a page whose batch keeps
@@ -199,9 +199,11 @@ class PageActor:
         weakref.finalize(self, self.engine.close)       # garbage-collected (Ray ends the actor): the thread stops
 
     def __call__(self, batch: dict) -> dict:
-        """{index, file, page, pixels, load_ms, record} -> {index, record}: every page's JSONL row."""
+        """{index, file, page, pixels, load_ms, record} -> {index, record, done_at}: every page's JSONL row and
+        when it was finished (time.time(): the engine's result, the refusal, or the read task's error row)."""
         j, call = self.job, next(self._calls)
         records = [str(r) for r in batch["record"]]
+        done_at = np.full(len(records), time.time())
         outcomes: dict[int, object] = {}                  # position -> Future, or the error that refused the page
         for k, rec in enumerate(records):
             if rec:
@@ -210,20 +212,22 @@ class PageActor:
                 page = self.model.page(batch["pixels"][k], task=j.task, prompt=j.prompt, lang=j.lang,
                                        options=j.options)
             except Exception as e:                        # refused (bad image, bad prompt): its error row
-                outcomes[k] = e
+                outcomes[k], done_at[k] = e, time.time()
                 continue
             outcomes[k] = self.engine.submit(page, tag=call)
         for k, outcome in outcomes.items():
             ref = pages.PageRef(str(batch["file"][k]), _page(batch["page"][k]))
             if isinstance(outcome, Future):
+                fut = outcome
                 try:
-                    outcome = outcome.result()
-                except Exception as e:
+                    outcome = fut.result()
+                except Exception as e:                    # failed in the engine (its vision, its decode step)
                     outcome = e
+                done_at[k] = fut.finished_at
             o = batchrun.PageOutcome(ref, error=outcome) if isinstance(outcome, BaseException) else \
                 batchrun.PageOutcome(ref, result=outcome, load_ms=float(batch["load_ms"][k]))
             records[k] = json.dumps(o.record(), ensure_ascii=False)
-        return {"index": batch["index"], "record": np.asarray(records, dtype=object)}
+        return {"index": batch["index"], "record": np.asarray(records, dtype=object), "done_at": done_at}
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -297,34 +301,28 @@ def run(args) -> int:
         ray.shutdown()
 
 
-class Arrivals:
-    """When the actors' rows came back, call by call: the time to the first rows (the actors' start and model
-    loads, then one call) and the rate after them, the steady rate that a long run sees."""
+class PageClock:
+    """When the actors finished the pages, by the wall clock of the actor that read each (time.time(); nodes'
+    clocks agree to NTP's precision): the time from the run's start to the first page (the actors' start and
+    model loads, then that page) and the rate from the first page to the last, the steady rate a long run sees."""
 
     def __init__(self, start: float):
-        self.start = start                # perf_counter before the pipeline starts
-        self.first: float | None = None   # perf_counter when the first call's rows came back
-        self.last = 0.0                   # ... the last call's
-        self.later = 0                    # pages that came back after the first call's
+        self.start = start                # time.time() before the pipeline starts
+        self.first = math.inf             # time.time() when the first page was finished
+        self.last = -math.inf             # ... the last
+        self.pages = 0
 
-    def came(self, now: float, pages: int) -> None:
-        """A call's rows came back at `now`: `pages` new pages."""
-        if not pages:
-            return
-        if self.first is None:
-            self.first = now
-        else:
-            self.later += pages
-        self.last = now
+    def finished(self, at: float) -> None:
+        self.first, self.last, self.pages = min(self.first, at), max(self.last, at), self.pages + 1
 
     def summary(self) -> str:
-        """The closing line's tail: "" when no row came back."""
-        if self.first is None:
+        """The closing line's tail: "" when no page came back from the actors."""
+        if not self.pages:
             return ""
         head = f"; first page after {self.first - self.start:.1f} s (actors' start and model load included)"
-        if not self.later:
-            return head + ", every page in that call (no steady rate)"
-        return head + f", then {self.later / max(self.last - self.first, 1e-9):.2f} pages/s"
+        if self.pages < 2 or self.last <= self.first:
+            return head + " (no steady rate: one page)"
+        return head + f", then {(self.pages - 1) / (self.last - self.first):.2f} pages/s"
 
 
 def _drive(args, ds, todo: list[pages.PageRef], out, pool: Pool) -> int:
@@ -340,7 +338,7 @@ def _drive(args, ds, todo: list[pages.PageRef], out, pool: Pool) -> int:
     say = (lambda msg: bar.write(msg, file=sys.stderr)) if show_bar else (lambda msg: print(msg, file=sys.stderr))
     counts = {"ok": 0, "failed": 0}
     written: set[int] = set()
-    clock = Arrivals(time.perf_counter())             # before Ray Data starts the actors
+    t0, clock = time.perf_counter(), PageClock(time.time())      # before Ray Data starts the actors
 
     def write(i: int, rec: dict) -> bool:
         if i in written:
@@ -362,9 +360,9 @@ def _drive(args, ds, todo: list[pages.PageRef], out, pool: Pool) -> int:
         for i, ref in enumerate(todo):               # listed on the driver but not openable: no Ray work
             if ref.error is not None:
                 write(i, batchrun.PageOutcome(ref, error=ref.error).record())
-        for block in ds.iter_batches(batch_size=None, batch_format="numpy"):    # one actor call's rows
-            now = time.perf_counter()
-            clock.came(now, sum(write(int(i), json.loads(r)) for i, r in zip(block["index"], block["record"])))
+        for row in ds.iter_rows():
+            if write(int(row["index"]), json.loads(row["record"])):
+                clock.finished(float(row["done_at"]))
         for i, ref in enumerate(todo):               # batches that failed ACTOR_RETRIES times
             if i not in written:
                 write(i, batchrun.PageOutcome(ref, error=RayError(
@@ -376,7 +374,7 @@ def _drive(args, ds, todo: list[pages.PageRef], out, pool: Pool) -> int:
         bar.close()
         out.close()
     done = counts["ok"] + counts["failed"]
-    secs = time.perf_counter() - clock.start
+    secs = time.perf_counter() - t0
     print(f"{done} pages in {secs:.1f} s ({done / max(secs, 1e-9):.2f} pages/s): {counts['ok']} ok, "
           f"{counts['failed']} failed -> {args.out} ({pool.actors} {pool.device} actor(s) on Ray, "
           f"{pool.batch_pages} pages per call){clock.summary()}", file=sys.stderr)

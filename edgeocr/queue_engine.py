@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -37,13 +38,26 @@ class EngineClosed(EdgeOCRError):
     """The engine was closed (or its thread ended) before the page was recognized."""
 
 
+class PageFuture(Future):
+    """A page's OCRResult or its exception, and when the engine settled it."""
+
+    finished_at: float | None = None              # time.time() when the result or the error was set
+
+
 @dataclass(eq=False)
 class Ticket:
     """A queued page: the scheduler's tag for it (compared by identity)."""
 
     page: Page
     tag: object                                   # the caller's: which call the page belongs to
-    future: Future = field(default_factory=Future)   # OCRResult, or the page's exception
+    future: PageFuture = field(default_factory=PageFuture)   # OCRResult, or the page's exception
+
+    def settle(self, result=None, error: BaseException | None = None) -> None:
+        self.future.finished_at = time.time()     # before the waiter wakes
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(result)
 
 
 class QueueEngine:
@@ -63,9 +77,9 @@ class QueueEngine:
         self._thread.start()
 
     # ------------------------------------------------------------------ callers' threads
-    def submit(self, page: Page, tag=None) -> Future:
-        """Queue a prepared page (blocks while the queue is full); its Future gives the OCRResult or raises the
-        page's error.  Raises EngineClosed once the engine is closed."""
+    def submit(self, page: Page, tag=None) -> PageFuture:
+        """Queue a prepared page (blocks while the queue is full); its future gives the OCRResult or raises the
+        page's error, and says when it was finished.  Raises EngineClosed once the engine is closed."""
         if not isinstance(page, Page):
             raise TypeError(f"submit() takes a prepared Page, not {type(page).__name__} (OCRModel.page makes one)")
         ticket = Ticket(page, tag)
@@ -99,7 +113,7 @@ class QueueEngine:
                         for ev in events:
                             if ev.result is not None and ev.tag in self._held:
                                 self._held.remove(ev.tag)
-                                ev.tag.future.set_result(ev.result)
+                                ev.tag.settle(ev.result)
                         if self._stop.is_set():
                             break
                 except Exception as e:
@@ -124,7 +138,7 @@ class QueueEngine:
 
     def _admit_failed(self, ticket: Ticket, e: Exception) -> None:
         self._held.remove(ticket)
-        ticket.future.set_exception(e)
+        ticket.settle(error=e)
 
     def _rerun_alone(self, e: Exception) -> None:
         """A decode step failed with these pages live: run each again alone; the one that fails alone keeps its
@@ -142,10 +156,10 @@ class QueueEngine:
                 result = None
                 for events in drive(self.sched, [(t, t.page)]):
                     result = next((ev.result for ev in events if ev.tag is t and ev.result is not None), result)
-                t.future.set_result(result)
+                t.settle(result)
             except Exception as alone:
                 self.sched.cancel(t)
-                t.future.set_exception(alone)
+                t.settle(error=alone)
 
     def _fail_all(self) -> None:
         for t in self._held:
@@ -153,7 +167,7 @@ class QueueEngine:
         held, self._held = self._held, []
         for t in held:
             if not t.future.done():
-                t.future.set_exception(EngineClosed("the page engine closed before this page was recognized"))
+                t.settle(error=EngineClosed("the page engine closed before this page was recognized"))
         self._fail_queued()
 
     def _fail_queued(self) -> None:
@@ -163,4 +177,4 @@ class QueueEngine:
                 t = self._queue.get_nowait()
             except queue.Empty:
                 return
-            t.future.set_exception(EngineClosed("the page engine closed before this page was recognized"))
+            t.settle(error=EngineClosed("the page engine closed before this page was recognized"))

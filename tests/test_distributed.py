@@ -217,7 +217,7 @@ def test_two_cpu_actors_read_the_pages_as_the_local_run(ray_run, local_run, watc
     assert "12 pages in" in p.stderr and "11 ok, 1 failed" in p.stderr
     assert "2 cpu actor(s) on Ray, 4 pages per call); first page after " in p.stderr   # 2 slots x 2 pages a call
     assert re.search(r"first page after [\d.]+ s \(actors' start and model load included\), then [\d.]+ pages/s",
-                     p.stderr), p.stderr                # 3 calls: rows came back after the first call's
+                     p.stderr), p.stderr
     assert "error: in/broken.png: not a recognized image format" in p.stderr
     assert len(watch.pids("PageActor")) == 2, watch.seen                 # the pool: two actors, each loaded once
     watch.assert_none_left()
@@ -402,6 +402,7 @@ def two_calls(actor):
             errors.append(e)
 
     SlotScheduler.step = recording_step
+    t0 = time.time()
     try:
         threads = [threading.Thread(target=call, args=(name,)) for name in calls]
         for t in threads:
@@ -412,12 +413,13 @@ def two_calls(actor):
         SlotScheduler.step = real_step
     if errors:
         raise errors[0]
-    return calls, out, steps
+    return calls, out, steps, (t0, time.time())
 
 
 def test_two_calls_at_once_each_get_their_own_pages_read_as_alone(two_calls, alone):
-    calls, out, _ = two_calls
+    calls, out, _, (t0, t1) = two_calls
     for name, ids in calls.items():
+        assert all(t0 < t <= t1 for t in out[name]["done_at"])       # when each page was finished
         assert list(out[name]["index"]) == ids
         recs = [json.loads(r) for r in out[name]["record"]]
         assert [r["file"] for r in recs] == [f"{i}.jpg" for i in ids]
@@ -428,7 +430,7 @@ def test_two_calls_at_once_each_get_their_own_pages_read_as_alone(two_calls, alo
 def test_the_slots_take_the_next_calls_pages_while_a_call_finishes(two_calls):
     """One scheduler for both calls, and a step in which pages of both calls decode together: the slots do not
     drain at a call's end (3 pages a call in 2 slots: one call's last page shares its steps with the other's)."""
-    _, _, steps = two_calls
+    _, _, steps, _ = two_calls
     assert len({sched for sched, _ in steps}) == 1, "each call had a scheduler of its own"
     assert any(live == {"a", "b"} for _, live in steps), f"no step held pages of both calls: {steps}"
 
@@ -483,18 +485,14 @@ def test_a_closed_engine_refuses_pages_and_a_collected_actor_stops_its_engine(de
         engine.submit(page)
 
 
-class _Calls:
-    """Ray Data's result as the driver reads it: one block of rows per actor call, each after `delay_s`."""
+class _Rows:
+    """Ray Data's result as the driver reads it: rows {index, record, done_at}."""
 
-    def __init__(self, calls, delay_s: float = 0.0):
-        self.calls, self.delay_s = calls, delay_s
+    def __init__(self, rows):
+        self.rows = rows
 
-    def iter_batches(self, batch_size, batch_format):
-        assert (batch_size, batch_format) == (None, "numpy")       # whole blocks: one call's rows each
-        for rows in self.calls:
-            time.sleep(self.delay_s)
-            yield {"index": np.array([r["index"] for r in rows]),
-                   "record": np.array([r["record"] for r in rows], dtype=object)}
+    def iter_rows(self):
+        return iter({"done_at": time.time(), **r} for r in self.rows)
 
 
 def test_driver_writes_each_page_once_and_reports_lost_batches(tmp_path, capsys):
@@ -508,12 +506,12 @@ def test_driver_writes_each_page_once_and_reports_lost_batches(tmp_path, capsys)
             pages.PageRef("c.pdf", None, error=ImageError("c.pdf: not a readable PDF"))]
     row = {"file": "a.png", "page": None, "text": "x", "finish_reason": "stop", "task": None, "lines": [],
            "prompt_tokens": 3, "generated_tokens": 1, "image_size": [10, 10], "timings_ms": {"total": 1.0}}
-    rows = [[{"index": 0, "record": json.dumps(row)}], [{"index": 0, "record": json.dumps(row)},
-            {"index": 2, "record": json.dumps({**row, "file": "b.pdf", "page": 2})}]]
+    rows = [{"index": 0, "record": json.dumps(row)}, {"index": 0, "record": json.dumps(row)},
+            {"index": 2, "record": json.dumps({**row, "file": "b.pdf", "page": 2})}]
     path = tmp_path / "o.jsonl"
     args = Namespace(no_progress=True, out=str(path))
     pool = distributed.Pool(1, "cpu", 1.0, 0.0, 1, "exact", 2)
-    rc = distributed._drive(args, _Calls(rows), todo, batchrun.JsonlWriter(path), pool)
+    rc = distributed._drive(args, _Rows(rows), todo, batchrun.JsonlWriter(path), pool)
     recs = lines_of(path)
     assert rc == 1 and len(recs) == 4
     assert sorted((r["file"], r["page"] or 0, "error" in r) for r in recs) == \
@@ -524,31 +522,31 @@ def test_driver_writes_each_page_once_and_reports_lost_batches(tmp_path, capsys)
 
 
 def test_driver_closing_line_names_the_first_page_time_and_the_steady_rate(tmp_path, capsys):
-    """Three calls of 2 pages, one every 0.3 s: the whole run's rate counts the wait for the first call; the
-    rate after the first call's rows is 4 pages in 0.6 s."""
+    """Six pages the actors finished 3.0 s to 5.5 s after the run's start (the actors' rows say when): the first
+    page after 3 s, then 5 more pages in 2.5 s; a page that came back twice counts once."""
     from argparse import Namespace
 
+    t = time.time()
     todo = [pages.PageRef(f"{i}.png", None) for i in range(6)]
     row = {"page": None, "text": "x", "finish_reason": "stop", "task": None, "lines": [], "prompt_tokens": 3,
            "generated_tokens": 1, "image_size": [10, 10], "timings_ms": {"total": 1.0}}
-    calls = [[{"index": i, "record": json.dumps({**row, "file": f"{i}.png"})} for i in (k, k + 1)] for k in (0, 2, 4)]
+    rows = [{"index": i, "record": json.dumps({**row, "file": f"{i}.png"}), "done_at": t + 3.0 + i / 2}
+            for i in (1, 0, 2, 3, 5, 4)]
+    rows.append({**rows[-1], "done_at": t + 9.0})        # a retried call's copy: written once, not counted
     path = tmp_path / "o.jsonl"
     pool = distributed.Pool(1, "cuda", 1.0, 1.0, None, "device", 2)
-    rc = distributed._drive(Namespace(no_progress=True, out=str(path)), _Calls(calls, delay_s=0.3), todo,
+    rc = distributed._drive(Namespace(no_progress=True, out=str(path)), _Rows(rows), todo,
                             batchrun.JsonlWriter(path), pool)
     assert rc == 0 and len(lines_of(path)) == 6
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    m = re.fullmatch(r"6 pages in ([\d.]+) s \(([\d.]+) pages/s\): 6 ok, 0 failed -> \S+ \(1 cuda actor\(s\) on Ray, "
-                     r"2 pages per call\); first page after ([\d.]+) s \(actors' start and model load included\), "
-                     r"then ([\d.]+) pages/s", last)
-    assert m, last
-    whole, first, steady = float(m.group(1)), float(m.group(3)), float(m.group(4))
-    assert 0.8 <= whole < 2.0 and 0.2 <= first < 0.8 and 3.0 < steady <= 6.7, last     # 6.7: 4 pages / 0.6 s
-    one = distributed.Arrivals(0.0)
-    one.came(2.5, 3)
-    assert one.summary() == ("; first page after 2.5 s (actors' start and model load included), every page in that "
-                             "call (no steady rate)")
-    assert distributed.Arrivals(0.0).summary() == ""
+    assert re.fullmatch(r"6 pages in [\d.]+ s \([\d.]+ pages/s\): 6 ok, 0 failed -> \S+ \(1 cuda actor\(s\) on "
+                        r"Ray, 2 pages per call\); first page after 3\.0 s \(actors' start and model load "
+                        r"included\), then 2\.00 pages/s", last), last
+    one = distributed.PageClock(0.0)
+    one.finished(2.5)
+    assert one.summary() == ("; first page after 2.5 s (actors' start and model load included) "
+                             "(no steady rate: one page)")
+    assert distributed.PageClock(0.0).summary() == ""
 
 
 def test_parquet_journal_survives_a_kill_and_is_folded_in(tmp_path):
