@@ -43,7 +43,7 @@ from edgeocr.errors import EdgeOCRError
 
 log = logging.getLogger("edgeocr")
 
-PAGES_PER_SLOT = 2        # pages per actor call, per artifact slot: a slot freed mid-call takes the next page
+PAGES_PER_SLOT = 2        # pages per actor call, per artifact slot
 READ_CPUS = 1.0           # logical CPUs a read task reserves; `--ray local` keeps this many beyond the actors'
 CALLS_PER_ACTOR = 2       # actor calls in flight at once: the next call's pages queue while this one's last decode
 ACTOR_RETRIES = 3         # times a batch is run again after its actor died (the actor is restarted each time)

@@ -401,7 +401,20 @@ def two_calls(actor):
         except BaseException as e:                       # re-raised on the test's thread
             errors.append(e)
 
+    host, admit = [], []                                # threads of each page's preparation and admission
+    preparer = actor.model.preparer
+
+    class Recording:                                    # the preparer, noting which thread runs each half
+        def __call__(self, image):
+            host.append(threading.current_thread().name)
+            return preparer(image)
+
+        def pixels(self, prep):
+            admit.append(threading.current_thread().name)
+            return preparer.pixels(prep)
+
     SlotScheduler.step = recording_step
+    actor.model.preparer = actor.engine.sched.preparer = Recording()
     t0 = time.time()
     try:
         threads = [threading.Thread(target=call, args=(name,)) for name in calls]
@@ -411,13 +424,16 @@ def two_calls(actor):
             t.join(120)
     finally:
         SlotScheduler.step = real_step
+        actor.model.preparer = actor.engine.sched.preparer = preparer
     if errors:
         raise errors[0]
-    return calls, out, steps, (t0, time.time())
+    return calls, out, steps, (t0, time.time()), (host, admit)
 
 
 def test_two_calls_at_once_each_get_their_own_pages_read_as_alone(two_calls, alone):
-    calls, out, _, (t0, t1) = two_calls
+    calls, out, _, (t0, t1), (host, admit) = two_calls
+    assert len(host) == 6 and "edgeocr-queue-engine" not in host      # prepared on the calls' own threads
+    assert admit == ["edgeocr-queue-engine"] * 6                     # admitted by the one engine thread
     for name, ids in calls.items():
         assert all(t0 < t <= t1 for t in out[name]["done_at"])       # when each page was finished
         assert list(out[name]["index"]) == ids
@@ -430,7 +446,7 @@ def test_two_calls_at_once_each_get_their_own_pages_read_as_alone(two_calls, alo
 def test_the_slots_take_the_next_calls_pages_while_a_call_finishes(two_calls):
     """One scheduler for both calls, and a step in which pages of both calls decode together: the slots do not
     drain at a call's end (3 pages a call in 2 slots: one call's last page shares its steps with the other's)."""
-    _, _, steps, _ = two_calls
+    _, _, steps, _, _ = two_calls
     assert len({sched for sched, _ in steps}) == 1, "each call had a scheduler of its own"
     assert any(live == {"a", "b"} for _, live in steps), f"no step held pages of both calls: {steps}"
 
