@@ -374,8 +374,9 @@ def main(argv: list[str] | None = None) -> int:
                         "--threads-thread CPU actors as fit beside a read task)")
     r.add_argument("--ray-call-pages", type=int, default=None, metavar="N",
                    help="with --ray: pages an actor recognizes per call (default 2 per artifact slot; at most the "
-                        "pages divided among the actors); the slots drain at the end of each call, so more pages per "
-                        "call keep a GPU busier, while a read task loads as many pages and holds their pixels")
+                        "pages divided among the actors); an actor runs 2 calls at once and the next call's pages "
+                        "fill the slots this one's leave, so a read task loading as many pages, holding their pixels, "
+                        "is the cost of more")
     r.add_argument("--api-key-file", default=os.environ.get("EDGEOCR_API_KEY_FILE"),
                    help="Bearer key for a TCP daemon (env EDGEOCR_API_KEY_FILE)")
     s_ = sub.add_parser("serve", help="run the local OCR daemon (systemd Type=notify)",

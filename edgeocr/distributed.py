@@ -7,10 +7,13 @@ The driver lists the pages as a local run does (edgeocr.pages: files, folders, g
 those the --out file already holds.  The rest go through a Ray Data pipeline:
 
     page list (driver) ─► read tasks: PageLoader.load → pixels [H, W, 3] uint8, or the page's error row
-                       ─► actor pool: each actor loads the artifact once and recognizes `batch_pages` pages per
-                          call through OCRModel.recognize_many (the artifact's slots decode together);
+                       ─► actor pool: each actor loads the artifact once and starts one engine thread that drives
+                          one scheduler for the actor's life (edgeocr.queue_engine); CALLS_PER_ACTOR calls of
+                          `batch_pages` pages run at once, each preparing its pages on its own thread and queueing
+                          them for the engine, so a slot freed by one call's last page takes the next call's page;
                           one GPU per actor on a cluster with GPUs, CPU actors otherwise
-                       ─► driver: one row per page, as it comes back, in the local run's schema
+                       ─► driver: one row per page, as it comes back, in the local run's schema; the closing line
+                          gives the whole time, the time to the first page and the rate from it to the last
 
 A page that fails (unreadable, refused by the model) is an error row, as locally.  An actor that dies is
 restarted by Ray and its batch run again; the driver writes each page once, and a page whose batch keeps
@@ -19,6 +22,7 @@ killing its actor ends as an error row rather than stopping the run.  Ray is imp
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -26,6 +30,8 @@ import os
 import sys
 import time
 import warnings
+import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +43,9 @@ from edgeocr.errors import EdgeOCRError
 
 log = logging.getLogger("edgeocr")
 
-PAGES_PER_SLOT = 2        # pages per actor call, per artifact slot: a slot freed mid-call takes the next page
+PAGES_PER_SLOT = 2        # pages per actor call, per artifact slot
 READ_CPUS = 1.0           # logical CPUs a read task reserves; `--ray local` keeps this many beyond the actors'
+CALLS_PER_ACTOR = 2       # actor calls in flight at once: the next call's pages queue while this one's last decode
 ACTOR_RETRIES = 3         # times a batch is run again after its actor died (the actor is restarted each time)
 ADDRESS_ENV = "RAY_ADDRESS"   # set by `ray job submit`: a bare --ray then joins that cluster
 
@@ -175,47 +182,52 @@ def load_pages(batch: dict, job: Job) -> dict:
 
 
 class PageActor:
-    """Loads the artifact once; each call recognizes a batch of loaded pages with the artifact's slots."""
+    """Loads the artifact once and starts its engine (edgeocr.queue_engine: one thread driving one scheduler
+    for the actor's life).  Ray runs CALLS_PER_ACTOR calls at once, each on its own thread: a call prepares its
+    pages there (OCRModel.page), queues them for the engine and waits for its own pages' results, so the next
+    call's pages take the slots that this call's last pages leave."""
 
     def __init__(self, job: Job, pool: Pool):
         from edgeocr.model import OCRModel
+        from edgeocr.queue_engine import QueueEngine
 
         self.job = job
         self.model = OCRModel(job.model, device=pool.device, threads=pool.threads, cuda_graph=job.cuda_graph,
                               preprocess=pool.preprocess, vision_ahead=job.vision_ahead)
+        self.engine = QueueEngine(self.model)
+        self._calls = itertools.count()
+        weakref.finalize(self, self.engine.close)       # garbage-collected (Ray ends the actor): the thread stops
 
     def __call__(self, batch: dict) -> dict:
-        """{index, file, page, pixels, load_ms, record} -> {index, record}: every page's JSONL row."""
+        """{index, file, page, pixels, load_ms, record} -> {index, record, done_at}: every page's JSONL row and
+        when it was finished (time.time(): the engine's result, the refusal, or the read task's error row)."""
+        j, call = self.job, next(self._calls)
         records = [str(r) for r in batch["record"]]
-        todo = [k for k, r in enumerate(records) if not r]
-        for j, outcome in self._recognize([batch["pixels"][k] for k in todo]):
-            k = todo[j]
-            ref = pages.PageRef(str(batch["file"][k]), _page(batch["page"][k]))
-            o = batchrun.PageOutcome(ref, result=outcome, load_ms=float(batch["load_ms"][k])) \
-                if not isinstance(outcome, BaseException) else batchrun.PageOutcome(ref, error=outcome)
-            records[k] = json.dumps(o.record(), ensure_ascii=False)
-        return {"index": batch["index"], "record": np.asarray(records, dtype=object)}
-
-    def _recognize(self, images: list):
-        """(position, OCRResult or the exception) per image: all at once through the slots; when a page makes
-        that fail, the pages not yet done one by one, each with its own result or error."""
-        j = self.job
-        done = set()
-        try:
-            for i, res in self.model.recognize_many(images, task=j.task, prompt=j.prompt, lang=j.lang,
-                                                    options=j.options):
-                done.add(i)
-                yield i, res
-            return
-        except Exception as e:
-            log.warning("a page of the batch failed (%s: %s); the rest page by page", type(e).__name__, e)
-        for i, img in enumerate(images):
-            if i in done:
-                continue
+        done_at = np.full(len(records), time.time())
+        outcomes: dict[int, object] = {}                  # position -> Future, or the error that refused the page
+        for k, rec in enumerate(records):
+            if rec:
+                continue                                  # the read task's error row
             try:
-                yield i, self.model.recognize(img, task=j.task, prompt=j.prompt, lang=j.lang, options=j.options)
-            except Exception as e:
-                yield i, e
+                page = self.model.page(batch["pixels"][k], task=j.task, prompt=j.prompt, lang=j.lang,
+                                       options=j.options)
+            except Exception as e:                        # refused (bad image, bad prompt): its error row
+                outcomes[k], done_at[k] = e, time.time()
+                continue
+            outcomes[k] = self.engine.submit(page, tag=call)
+        for k, outcome in outcomes.items():
+            ref = pages.PageRef(str(batch["file"][k]), _page(batch["page"][k]))
+            if isinstance(outcome, Future):
+                fut = outcome
+                try:
+                    outcome = fut.result()
+                except Exception as e:                    # failed in the engine (its vision, its decode step)
+                    outcome = e
+                done_at[k] = fut.finished_at
+            o = batchrun.PageOutcome(ref, error=outcome) if isinstance(outcome, BaseException) else \
+                batchrun.PageOutcome(ref, result=outcome, load_ms=float(batch["load_ms"][k]))
+            records[k] = json.dumps(o.record(), ensure_ascii=False)
+        return {"index": batch["index"], "record": np.asarray(records, dtype=object), "done_at": done_at}
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -232,10 +244,13 @@ def build(ray, todo: list[pages.PageRef], job: Job, pool: Pool):
         # actor would then stop the run.  The retry bound is a plain Ray remote argument, deprecated in map_batches
         # (removed in Ray 2.64; the ray extra pins the version this was tested with).
         warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated")
+        # CALLS_PER_ACTOR calls at once on each actor, each on its own thread (the engine keeps the slots busy)
+        pool_of_actors = ActorPoolStrategy(size=pool.actors, max_concurrent_calls_per_actor=CALLS_PER_ACTOR,
+                                           enable_true_multi_threading=True)
         return ds.map_batches(PageActor, fn_constructor_kwargs={"job": job, "pool": pool},
-                              batch_size=pool.batch_pages, batch_format="numpy",
-                              compute=ActorPoolStrategy(size=pool.actors), num_cpus=pool.cpus,
-                              num_gpus=pool.gpus or None, max_restarts=-1, max_task_retries=ACTOR_RETRIES)
+                              batch_size=pool.batch_pages, batch_format="numpy", compute=pool_of_actors,
+                              num_cpus=pool.cpus, num_gpus=pool.gpus or None, max_restarts=-1,
+                              max_task_retries=ACTOR_RETRIES)
 
 
 def run(args) -> int:
@@ -286,6 +301,30 @@ def run(args) -> int:
         ray.shutdown()
 
 
+class PageClock:
+    """When the actors finished the pages, by the wall clock of the actor that read each (time.time(); nodes'
+    clocks agree to NTP's precision): the time from the run's start to the first page (the actors' start and
+    model loads, then that page) and the rate from the first page to the last, the steady rate a long run sees."""
+
+    def __init__(self, start: float):
+        self.start = start                # time.time() before the pipeline starts
+        self.first = math.inf             # time.time() when the first page was finished
+        self.last = -math.inf             # ... the last
+        self.pages = 0
+
+    def finished(self, at: float) -> None:
+        self.first, self.last, self.pages = min(self.first, at), max(self.last, at), self.pages + 1
+
+    def summary(self) -> str:
+        """The closing line's tail: "" when no page came back from the actors."""
+        if not self.pages:
+            return ""
+        head = f"; first page after {self.first - self.start:.1f} s (actors' start and model load included)"
+        if self.pages < 2 or self.last <= self.first:
+            return head + " (no steady rate: one page)"
+        return head + f", then {(self.pages - 1) / (self.last - self.first):.2f} pages/s"
+
+
 def _drive(args, ds, todo: list[pages.PageRef], out, pool: Pool) -> int:
     """Write each page's row once as rows come back, with the local run's bar, messages and exit code."""
     from tqdm import tqdm
@@ -299,12 +338,12 @@ def _drive(args, ds, todo: list[pages.PageRef], out, pool: Pool) -> int:
     say = (lambda msg: bar.write(msg, file=sys.stderr)) if show_bar else (lambda msg: print(msg, file=sys.stderr))
     counts = {"ok": 0, "failed": 0}
     written: set[int] = set()
-    t0 = time.perf_counter()
+    t0, clock = time.perf_counter(), PageClock(time.time())      # before Ray Data starts the actors
 
-    def write(i: int, rec: dict) -> None:
+    def write(i: int, rec: dict) -> bool:
         if i in written:
             log.warning("%s came back twice (a retried batch); kept once", todo[i].label)
-            return
+            return False
         written.add(i)
         out.write(rec)
         ok = "error" not in rec
@@ -314,6 +353,7 @@ def _drive(args, ds, todo: list[pages.PageRef], out, pool: Pool) -> int:
         elif not show_bar:
             say(cli._summary_line(rec, todo[i].label) + " (ray)")
         bar.update(1)
+        return True
 
     interrupted = False
     try:
@@ -321,7 +361,8 @@ def _drive(args, ds, todo: list[pages.PageRef], out, pool: Pool) -> int:
             if ref.error is not None:
                 write(i, batchrun.PageOutcome(ref, error=ref.error).record())
         for row in ds.iter_rows():
-            write(int(row["index"]), json.loads(row["record"]))
+            if write(int(row["index"]), json.loads(row["record"])):
+                clock.finished(float(row["done_at"]))
         for i, ref in enumerate(todo):               # batches that failed ACTOR_RETRIES times
             if i not in written:
                 write(i, batchrun.PageOutcome(ref, error=RayError(
@@ -336,7 +377,7 @@ def _drive(args, ds, todo: list[pages.PageRef], out, pool: Pool) -> int:
     secs = time.perf_counter() - t0
     print(f"{done} pages in {secs:.1f} s ({done / max(secs, 1e-9):.2f} pages/s): {counts['ok']} ok, "
           f"{counts['failed']} failed -> {args.out} ({pool.actors} {pool.device} actor(s) on Ray, "
-          f"{pool.batch_pages} pages per call)", file=sys.stderr)
+          f"{pool.batch_pages} pages per call){clock.summary()}", file=sys.stderr)
     if interrupted:
         print(f"interrupted: {len(todo) - done} of {len(todo)} pages not done; run again with --resume to finish "
               f"{args.out}", file=sys.stderr)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -214,7 +215,9 @@ def test_two_cpu_actors_read_the_pages_as_the_local_run(ray_run, local_run, watc
     assert all(set(r["timings_ms"]) >= {"load", "vision", "prefill", "decode", "total"} for r in ok)
     assert {r["page"] for r in ok if r["file"] == "in/scan.pdf"} == {1, 2, 3}
     assert "12 pages in" in p.stderr and "11 ok, 1 failed" in p.stderr
-    assert "2 cpu actor(s) on Ray, 4 pages per call" in p.stderr          # 2 slots x 2 pages a call
+    assert "2 cpu actor(s) on Ray, 4 pages per call); first page after " in p.stderr   # 2 slots x 2 pages a call
+    assert re.search(r"first page after [\d.]+ s \(actors' start and model load included\), then [\d.]+ pages/s",
+                     p.stderr), p.stderr
     assert "error: in/broken.png: not a recognized image format" in p.stderr
     assert len(watch.pids("PageActor")) == 2, watch.seen                 # the pool: two actors, each loaded once
     watch.assert_none_left()
@@ -325,33 +328,187 @@ def test_pool_plan():
     assert distributed.local_cpus(None, None) == os.cpu_count()
 
 
-def test_actor_turns_a_refused_page_into_an_error_row(demo_art, work):
-    """A page the model refuses inside recognize_many: its row is an error, the other is read as alone."""
+# ---------------------------------------------------------------------------------------------- the actor
+ACTOR_TOKENS = 8                       # every page of these tests runs to this many tokens (finish "length")
+
+
+@pytest.fixture(scope="module")
+def actor(demo_art, work):
+    """One PageActor (2 slots) outside Ray, called directly as Ray calls it."""
     job = distributed.Job(model=str(demo_art), cwd=str(work), dpi=200, max_pixels=10**8, task="structured_parse",
-                          prompt=None, lang="zh", options=DecodeOptions(max_new_tokens=4), cuda_graph=None)
-    pool = distributed.Pool(1, "cpu", 1.0, 0.0, 1, "exact", 4)
-    actor = distributed.PageActor(job, pool)
-    good = np.asarray(Image.open(EVAL / "000000.jpg").convert("RGB"))
+                          prompt=None, lang="zh", options=DecodeOptions(max_new_tokens=ACTOR_TOKENS),
+                          cuda_graph=None)
+    a = distributed.PageActor(job, distributed.Pool(1, "cpu", 1.0, 0.0, 1, "exact", 4))
+    yield a
+    a.engine.close()
+
+
+def _crop(i: int) -> np.ndarray:
+    """Held-out page i cut to a height of its own (600 + i rows): its letterbox names it in the scheduler."""
+    return np.ascontiguousarray(np.asarray(Image.open(EVAL / f"{i:06d}.jpg").convert("RGB"))[:600 + i])
+
+
+@pytest.fixture(scope="module")
+def alone(actor):
+    """Page i's text through a plain OCRModel.recognize (one page, its own scheduler), computed once."""
+    cache: dict[int, str] = {}
+
+    def text(i: int) -> str:
+        if i not in cache:
+            cache[i] = actor.model.recognize(_crop(i), task="structured_parse",
+                                             options=DecodeOptions(max_new_tokens=ACTOR_TOKENS)).text
+        return cache[i]
+    return text
+
+
+def _batch(images: list, files: list[str], first_index: int = 0) -> dict:
+    px = np.empty(len(images), dtype=object)
+    px[:] = images
+    n = len(images)
+    return {"index": np.arange(first_index, first_index + n), "file": np.array(files), "page": np.zeros(n, int),
+            "pixels": px, "load_ms": np.ones(n), "record": np.array([""] * n, dtype=object)}
+
+
+@pytest.fixture(scope="module")
+def two_calls(actor):
+    """Two calls of 3 pages each on one actor at once, from two threads as Ray runs them; every decode step
+    records, per scheduler, which call's pages were live in it."""
+    import threading
+
+    from edgeocr.slots import SlotScheduler
+
+    calls = {"a": [0, 1, 2], "b": [3, 4, 5]}
+    call_of = {600 + i: name for name, ids in calls.items() for i in ids}   # page height -> call
+    steps: list[tuple[int, frozenset]] = []                                  # (scheduler id, calls live)
+    real_step = SlotScheduler.step
+
+    def recording_step(sched):
+        live = frozenset(call_of[p.prep.letterbox.height] for p in sched.pages
+                         if p is not None and p.vision is None and not p.done)
+        if live:
+            steps.append((id(sched), live))
+        return real_step(sched)
+
+    out: dict[str, dict] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def call(name: str) -> None:
+        try:
+            start.wait()
+            ids = calls[name]
+            out[name] = actor(_batch([_crop(i) for i in ids], [f"{i}.jpg" for i in ids], first_index=ids[0]))
+        except BaseException as e:                       # re-raised on the test's thread
+            errors.append(e)
+
+    host, admit = [], []                                # threads of each page's preparation and admission
+    preparer = actor.model.preparer
+
+    class Recording:                                    # the preparer, noting which thread runs each half
+        def __call__(self, image):
+            host.append(threading.current_thread().name)
+            return preparer(image)
+
+        def pixels(self, prep):
+            admit.append(threading.current_thread().name)
+            return preparer.pixels(prep)
+
+    SlotScheduler.step = recording_step
+    actor.model.preparer = actor.engine.sched.preparer = Recording()
+    t0 = time.time()
+    try:
+        threads = [threading.Thread(target=call, args=(name,)) for name in calls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        SlotScheduler.step = real_step
+        actor.model.preparer = actor.engine.sched.preparer = preparer
+    if errors:
+        raise errors[0]
+    return calls, out, steps, (t0, time.time()), (host, admit)
+
+
+def test_two_calls_at_once_each_get_their_own_pages_read_as_alone(two_calls, alone):
+    calls, out, _, (t0, t1), (host, admit) = two_calls
+    assert len(host) == 6 and "edgeocr-queue-engine" not in host      # prepared on the calls' own threads
+    assert admit == ["edgeocr-queue-engine"] * 6                     # admitted by the one engine thread
+    for name, ids in calls.items():
+        assert all(t0 < t <= t1 for t in out[name]["done_at"])       # when each page was finished
+        assert list(out[name]["index"]) == ids
+        recs = [json.loads(r) for r in out[name]["record"]]
+        assert [r["file"] for r in recs] == [f"{i}.jpg" for i in ids]
+        assert [r["text"] for r in recs] == [alone(i) for i in ids], name
+        assert all(r["generated_tokens"] == ACTOR_TOKENS and r["timings_ms"]["load"] == 1.0 for r in recs)
+
+
+def test_the_slots_take_the_next_calls_pages_while_a_call_finishes(two_calls):
+    """One scheduler for both calls, and a step in which pages of both calls decode together: the slots do not
+    drain at a call's end (3 pages a call in 2 slots: one call's last page shares its steps with the other's)."""
+    _, _, steps, _, _ = two_calls
+    assert len({sched for sched, _ in steps}) == 1, "each call had a scheduler of its own"
+    assert any(live == {"a", "b"} for _, live in steps), f"no step held pages of both calls: {steps}"
+
+
+def test_actor_turns_a_refused_page_and_a_failing_step_into_error_rows_of_those_pages(actor, alone, monkeypatch):
+    """A page the model refuses, and one whose decode step fails (the session fails every step while that page
+    is live): each is an error row; the page that shared the failing step and the others read as alone."""
+    sess = actor.model.session
+    guilty_px = actor.model.prepare(_crop(7)).pixels
+    holds: dict[int, bool] = {}                          # slot -> it holds the guilty page
+    real_encode, real_step = sess.encode_image, sess.step
+
+    def encode_image(pixels, slot=0):
+        holds[slot] = np.array_equal(pixels, guilty_px)
+        return real_encode(pixels, slot)
+
+    def step(token_ids, pos, cos, sin, live=None, *rest):
+        if live is not None and any(holds.get(int(i)) for i in np.flatnonzero(live)):
+            raise RuntimeError("the decoder failed")
+        return real_step(token_ids, pos, cos, sin, live, *rest)
+
+    monkeypatch.setattr(sess, "encode_image", encode_image)
+    monkeypatch.setattr(sess, "step", step)
     bad = np.zeros((200, 300, 3), np.float32)            # not uint8: refused in preparation
-    px = np.empty(2, dtype=object)
-    px[:] = [bad, good]
-    out = actor({"index": np.array([7, 8]), "file": np.array(["a.jpg", "c.pdf"]), "page": np.array([0, 2]),
-                 "pixels": px, "load_ms": np.array([1.0, 2.0]), "record": np.array(["", ""], dtype=object)})
-    assert list(out["index"]) == [7, 8]
+    out = actor(_batch([_crop(0), _crop(7), bad, _crop(1)], ["p0.jpg", "guilty.jpg", "a.jpg", "c.pdf"], 7))
+    assert list(out["index"]) == [7, 8, 9, 10]
     recs = [json.loads(r) for r in out["record"]]
-    assert recs[0] == {"file": "a.jpg", "page": None,
+    assert recs[1] == {"file": "guilty.jpg", "page": None,
+                       "error": {"type": "RuntimeError", "message": "the decoder failed"}}
+    assert recs[2] == {"file": "a.jpg", "page": None,
                        "error": {"type": "ImageError", "message": "numpy image must be uint8, got float32"}}
-    alone = actor.model.recognize(good, task="structured_parse", options=DecodeOptions(max_new_tokens=4))
-    assert (recs[1]["file"], recs[1]["page"], recs[1]["text"]) == ("c.pdf", 2, alone.text)
-    assert recs[1]["timings_ms"]["load"] == 2.0
+    monkeypatch.undo()
+    assert [(r["file"], r["text"]) for r in (recs[0], recs[3])] == [("p0.jpg", alone(0)), ("c.pdf", alone(1))]
+    assert recs[3]["timings_ms"]["load"] == 1.0
+    assert actor.engine.running                          # the engine goes on after a failed step
+
+
+def test_a_closed_engine_refuses_pages_and_a_collected_actor_stops_its_engine(demo_art, work):
+    import gc
+
+    from edgeocr.queue_engine import EngineClosed
+
+    job = distributed.Job(model=str(demo_art), cwd=str(work), dpi=200, max_pixels=10**8, task=None, prompt=None,
+                          lang="zh", options=DecodeOptions(max_new_tokens=2), cuda_graph=None)
+    a = distributed.PageActor(job, distributed.Pool(1, "cpu", 1.0, 0.0, 1, "exact", 4))
+    engine = a.engine
+    page = a.model.page(_crop(0))
+    del a
+    gc.collect()
+    assert not engine.running, "the engine thread outlived its actor"
+    with pytest.raises(EngineClosed, match="the page engine is closed"):
+        engine.submit(page)
 
 
 class _Rows:
+    """Ray Data's result as the driver reads it: rows {index, record, done_at}."""
+
     def __init__(self, rows):
         self.rows = rows
 
     def iter_rows(self):
-        return iter(self.rows)
+        return iter({"done_at": time.time(), **r} for r in self.rows)
 
 
 def test_driver_writes_each_page_once_and_reports_lost_batches(tmp_path, capsys):
@@ -378,6 +535,34 @@ def test_driver_writes_each_page_once_and_reports_lost_batches(tmp_path, capsys)
     lost = next(r for r in recs if r["page"] == 1)
     assert lost["error"]["type"] == "RayError" and "failed on the cluster 4 times" in lost["error"]["message"]
     assert "4 pages in" in capsys.readouterr().err
+
+
+def test_driver_closing_line_names_the_first_page_time_and_the_steady_rate(tmp_path, capsys):
+    """Six pages the actors finished 3.0 s to 5.5 s after the run's start (the actors' rows say when): the first
+    page after 3 s, then 5 more pages in 2.5 s; a page that came back twice counts once."""
+    from argparse import Namespace
+
+    t = time.time()
+    todo = [pages.PageRef(f"{i}.png", None) for i in range(6)]
+    row = {"page": None, "text": "x", "finish_reason": "stop", "task": None, "lines": [], "prompt_tokens": 3,
+           "generated_tokens": 1, "image_size": [10, 10], "timings_ms": {"total": 1.0}}
+    rows = [{"index": i, "record": json.dumps({**row, "file": f"{i}.png"}), "done_at": t + 3.0 + i / 2}
+            for i in (1, 0, 2, 3, 5, 4)]
+    rows.append({**rows[-1], "done_at": t + 9.0})        # a retried call's copy: written once, not counted
+    path = tmp_path / "o.jsonl"
+    pool = distributed.Pool(1, "cuda", 1.0, 1.0, None, "device", 2)
+    rc = distributed._drive(Namespace(no_progress=True, out=str(path)), _Rows(rows), todo,
+                            batchrun.JsonlWriter(path), pool)
+    assert rc == 0 and len(lines_of(path)) == 6
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(r"6 pages in [\d.]+ s \([\d.]+ pages/s\): 6 ok, 0 failed -> \S+ \(1 cuda actor\(s\) on "
+                        r"Ray, 2 pages per call\); first page after 3\.0 s \(actors' start and model load "
+                        r"included\), then 2\.00 pages/s", last), last
+    one = distributed.PageClock(0.0)
+    one.finished(2.5)
+    assert one.summary() == ("; first page after 2.5 s (actors' start and model load included) "
+                             "(no steady rate: one page)")
+    assert distributed.PageClock(0.0).summary() == ""
 
 
 def test_parquet_journal_survives_a_kill_and_is_folded_in(tmp_path):
