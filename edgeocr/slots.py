@@ -111,7 +111,7 @@ class SlotScheduler:
                  deltas: bool = False, selection: Selection | None = None, vision_ahead: bool | None = None):
         self.session, self.preparer, self.tokenizer, self.results = session, preparer, tokenizer, results
         self.selection = selection if selection is not None else session.selection()
-        if vision_ahead is None:          # off until its GPU figure is measured (docs/batching.md)
+        if vision_ahead is None:          # off: on the H200 it did not beat waiting admission (docs/batching.md)
             vision_ahead = os.environ.get(VISION_AHEAD_ENV, "").strip().lower() in ("1", "true", "yes", "on")
         self.vision_ahead = vision_ahead
         self._vision = vision_worker(session)              # one per session: visions run in admission order
