@@ -200,10 +200,11 @@ class PageActor:
 
     def __call__(self, batch: dict) -> dict:
         """{index, file, page, pixels, load_ms, record} -> {index, record, done_at}: every page's JSONL row and
-        when it was finished (time.time(): the engine's result, the refusal, or the read task's error row)."""
+        when the actor finished it (time.time() of the engine's result or of the refusal; NaN for the read task's
+        error rows, which the actor did not read: they do not count in the closing line's rates)."""
         j, call = self.job, next(self._calls)
         records = [str(r) for r in batch["record"]]
-        done_at = np.full(len(records), time.time())
+        done_at = np.full(len(records), np.nan)
         outcomes: dict[int, object] = {}                  # position -> Future, or the error that refused the page
         for k, rec in enumerate(records):
             if rec:
@@ -361,8 +362,8 @@ def _drive(args, ds, todo: list[pages.PageRef], out, pool: Pool) -> int:
             if ref.error is not None:
                 write(i, batchrun.PageOutcome(ref, error=ref.error).record())
         for row in ds.iter_rows():
-            if write(int(row["index"]), json.loads(row["record"])):
-                clock.finished(float(row["done_at"]))
+            if write(int(row["index"]), json.loads(row["record"])) and not math.isnan(at := float(row["done_at"])):
+                clock.finished(at)
         for i, ref in enumerate(todo):               # batches that failed ACTOR_RETRIES times
             if i not in written:
                 write(i, batchrun.PageOutcome(ref, error=RayError(

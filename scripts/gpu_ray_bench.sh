@@ -82,9 +82,8 @@ for item in runs:
         "exit_code": int(rc), "wall_s": int(ms) / 1000, "run_s": float(m.group(2)) if m else None,
         "rows": len(r), "pages_per_s_wall": len(r) / (int(ms) / 1000),
         "text_equal_to_local": sum(1 for k, x in r.items() if k in local and x.get("text") == local[k].get("text"))}
-    if name == "local":       # the first page finished: the first row with timings (rows are in finishing order)
-        lines = [json.loads(s) for s in (w / f"{name}.jsonl").read_text().splitlines()] if r else []
-        first = next((x["timings_ms"]["total"] / 1000 for x in lines if "timings_ms" in x), None)
+    if name == "local":       # the first page finished: the first row with timings (rows, and r, in finishing order)
+        first = next((x["timings_ms"]["total"] / 1000 for x in r.values() if "timings_ms" in x), None)
         if v["run_s"] and first is not None and v["run_s"] > first and len(r) > 1:
             v["first_page_s"], v["steady_pages_per_s"] = first, (len(r) - 1) / (v["run_s"] - first)
     else:

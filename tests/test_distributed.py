@@ -565,6 +565,32 @@ def test_driver_closing_line_names_the_first_page_time_and_the_steady_rate(tmp_p
     assert distributed.PageClock(0.0).summary() == ""
 
 
+
+def test_read_task_error_rows_do_not_count_in_the_rates(tmp_path, capsys, actor):
+    """A page the read task could not load comes back from the actor with done_at NaN (the actor never read it),
+    and the closing line's first page and rate come from the pages the actors read."""
+    from argparse import Namespace
+
+    err = json.dumps({"file": "bad.png", "page": None, "error": {"type": "ImageError", "message": "bad.png: bad"}})
+    pixels = np.empty(1, dtype=object)
+    pixels[0] = np.zeros((0, 0, 3), np.uint8)             # what load_pages sends for a page it could not load
+    out = actor({"index": np.array([0]), "file": np.array(["bad.png"]), "page": np.array([0]), "pixels": pixels,
+                 "load_ms": np.array([0.0]), "record": np.array([err], dtype=object)})
+    assert np.isnan(out["done_at"][0]) and out["record"][0] == err
+    t = time.time()
+    todo = [pages.PageRef("bad.png", None), pages.PageRef("a.png", None), pages.PageRef("b.png", None)]
+    row = {"page": None, "text": "x", "finish_reason": "stop", "task": None, "lines": [], "prompt_tokens": 3,
+           "generated_tokens": 1, "image_size": [10, 10], "timings_ms": {"total": 1.0}}
+    rows = [{"index": 0, "record": err, "done_at": float("nan")},
+            {"index": 1, "record": json.dumps({**row, "file": "a.png"}), "done_at": t + 4.0},
+            {"index": 2, "record": json.dumps({**row, "file": "b.png"}), "done_at": t + 5.0}]
+    path = tmp_path / "o.jsonl"
+    rc = distributed._drive(Namespace(no_progress=True, out=str(path)), _Rows(rows), todo,
+                            batchrun.JsonlWriter(path), distributed.Pool(1, "cpu", 1.0, 0.0, 1, "exact", 2))
+    assert rc == 1 and len(lines_of(path)) == 3
+    assert "first page after 4.0 s (actors' start and model load included), then 1.00 pages/s" in \
+        capsys.readouterr().err
+
 def test_parquet_journal_survives_a_kill_and_is_folded_in(tmp_path):
     path = tmp_path / "o.parquet"
     row = {"file": "a.png", "page": None, "text": "x", "finish_reason": "stop", "task": "spotting",
