@@ -1,7 +1,8 @@
-"""CER of transformers checkpoints on the first N calibration_data/eval pages (full text, greedy with the
+"""CER of transformers checkpoints on the first N pages of calibration_data/eval (or --set eval_html) (full text, greedy with the
 checkpoint's repetition penalty), page by page, through the transformers reference (no export):
 
     python scripts/eval_ckpt.py CKPT [CKPT ...] [--pages 16] [--tokens 800] [--device cuda] [--dtype float32]
+        [--set eval|eval_html]
 """
 
 from __future__ import annotations
@@ -26,15 +27,16 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=800)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--set", default="eval", choices=("eval", "eval_html"), help="calibration_data subfolder")
     ap.add_argument("--json", type=Path, help="write the per-page results here")
     args = ap.parse_args()
     report = {}
     for ck in args.checkpoints:
         t0 = time.perf_counter()
-        rows = eval_pages(Path(ck), args.pages, args.tokens, args.device, args.dtype)
+        rows = eval_pages(Path(ck), args.pages, args.tokens, args.device, args.dtype, args.set)
         cers = [x["cer"] for x in rows]
         report[ck] = {"mean_cer": float(np.mean(cers)), "median_cer": float(np.median(cers)), "pages": rows}
-        print(f"{ck}: mean CER {np.mean(cers):.4f}, median {np.median(cers):.4f} on {len(cers)} pages "
+        print(f"{ck}: mean CER {np.mean(cers):.4f}, median {np.median(cers):.4f} on {len(cers)} {args.set} pages "
               f"({time.perf_counter() - t0:.0f} s); per page " + " ".join(f"{c:.2f}" for c in cers), flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, ensure_ascii=False, indent=1))

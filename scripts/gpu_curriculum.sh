@@ -7,10 +7,10 @@
 #   mix|180|--reading-frac 0.5 --reading-level 0:0.5 --data-seed 7200' INIT=demo_model bash scripts/gpu_curriculum.sh
 # Each stage line is NAME|SECONDS|FLAGS (flags of python -m quantize.train; give each stage its own
 # --data-seed so no page is seen in two stages). INIT: the checkpoint to start from (demo_model, or one carried
-# back from an earlier call). Env: POOL_PAGES (6144), BATCH (32), EVAL_PAGES (8), DIAG_PAGES (8),
+# back from an earlier call). Env: POOL_PAGES (6144), BATCH (32), EVAL_PAGES (8), EVAL_HTML_PAGES (8), DIAG_PAGES (8),
 # RUN (/tmp/edgeocr-cur), OUT ($RUN/out). Results in $OUT: final.tar.gz (bf16 checkpoint of the last stage,
 # every stage's train_log.jsonl, run_summary.json and train_config.json; written before measuring), diag.json,
-# eval.json and cur.log. Wall time on one H200 with 16 cores: the first pool (about 75 s for 8,192 pages) + the
+# eval.json, eval_html.json and cur.log. Wall time on one H200 with 16 cores: the first pool (about 75 s for 8,192 pages) + the
 # stages' seconds + about 30 s of model loads per stage + about 90 s of measuring.
 # Carry the tarball's checkpoint/ back (e.g. in .carry/) and give it as INIT to continue in a later call.
 # The machine has no fonts: carry a folder made here with `python -m quantize.docgen --subset-fonts .carry/fonts`.
@@ -67,4 +67,8 @@ python3 scripts/diag_image_use.py "$prev" --device "${DEVICE:-cuda}" --pages "${
   --json "$OUT/diag.json" 2>&1 | grep -vE "Loading|Writing" | tee -a "$LOG"
 python3 scripts/eval_ckpt.py "$prev" --device "${DEVICE:-cuda}" --pages "${EVAL_PAGES:-8}" --json "$OUT/eval.json" \
   2>&1 | grep -vE "Loading|Writing" | tee -a "$LOG"
+if [ "${EVAL_HTML_PAGES:-8}" -gt 0 ]; then
+  python3 scripts/eval_ckpt.py "$prev" --device "${DEVICE:-cuda}" --pages "${EVAL_HTML_PAGES:-8}" --set eval_html \
+    --json "$OUT/eval_html.json" 2>&1 | grep -vE "Loading|Writing" | tee -a "$LOG"
+fi
 say "done"
