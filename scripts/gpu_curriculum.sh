@@ -25,21 +25,40 @@ while IFS='|' read -r name s f; do
   names+=("$name") secs+=("$s") flags+=("$f")
 done <<<"${STAGES:?set STAGES, one NAME|SECONDS|FLAGS per line}"
 
-# every stage's pool, one after another in the background (all host cores but one: a stage trains meanwhile)
+# every --pages folder must be here before anything starts (a folder staged by an earlier call is gone when the
+# machine was given back in between)
+for i in "${!names[@]}"; do
+  read -r -a f <<<"${flags[$i]}"
+  for j in "${!f[@]}"; do
+    if [ "${f[$j]}" = --pages ] && [ ! -f "${f[$((j + 1))]:-}/labels.jsonl" ]; then
+      say "stage ${names[$i]}: --pages ${f[$((j + 1))]:-} has no labels.jsonl (not staged on this machine?)"; exit 2
+    fi
+  done
+done
+
+# every stage's pool, one after another in the background (all host cores but one: a stage trains meanwhile);
+# a pool that fails leaves a .failed marker and stops the stages
 workers=$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))
+rm -f "$RUN"/pool-*.ready "$RUN"/pool-*.failed
 (
   for i in "${!names[@]}"; do
     read -r -a f <<<"${flags[$i]}"
-    python3 -m quantize.train "$RUN/pool-only-${names[$i]}" --init demo_model --budget-s 0 --workers "$workers" \
-      --pool-cache "$RUN/pool-${names[$i]}" "${common[@]}" "${f[@]}" >"$RUN/pool-${names[$i]}.log" 2>&1
-    touch "$RUN/pool-${names[$i]}.ready"
+    if python3 -m quantize.train "$RUN/pool-only-${names[$i]}" --init demo_model --budget-s 0 --workers "$workers" \
+      --pool-cache "$RUN/pool-${names[$i]}" "${common[@]}" "${f[@]}" >"$RUN/pool-${names[$i]}.log" 2>&1; then
+      touch "$RUN/pool-${names[$i]}.ready"
+    else
+      touch "$RUN/pool-${names[$i]}.failed"; exit 1
+    fi
   done
 ) &
 
 prev=${INIT:-demo_model}
 for i in "${!names[@]}"; do
   n=${names[$i]}
-  while [ ! -f "$RUN/pool-$n.ready" ]; do sleep 1; done
+  while [ ! -f "$RUN/pool-$n.ready" ]; do
+    if [ -f "$RUN/pool-$n.failed" ]; then say "stage $n: its page pool failed:"; tail -15 "$RUN/pool-$n.log" | tee -a "$LOG"; exit 1; fi
+    sleep 1
+  done
   grep -h "pool:.*pages (" "$RUN/pool-$n.log" | tee -a "$LOG" || true
   read -r -a f <<<"${flags[$i]}"
   say "stage $n: ${secs[$i]} s from $prev: ${flags[$i]}"
