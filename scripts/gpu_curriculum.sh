@@ -8,7 +8,8 @@
 # Each stage line is NAME|SECONDS|FLAGS (flags of python -m quantize.train; give each stage its own
 # --data-seed so no page is seen in two stages). INIT: the checkpoint to start from (demo_model, or one carried
 # back from an earlier call). Env: POOL_PAGES (6144), BATCH (32), EVAL_PAGES (8), EVAL_HTML_PAGES (8), DIAG_PAGES (8),
-# RUN (/tmp/edgeocr-cur), OUT ($RUN/out). Results in $OUT: final.tar.gz (bf16 checkpoint of the last stage,
+# RUN (/tmp/edgeocr-cur), OUT ($RUN/out), DEADLINE_S (560: each stage is shortened so that the checkpoint is packed
+# and measured before then; RESERVE_S, 150, is what a stage's start, the packing and the measuring take). Results in $OUT: final.tar.gz (bf16 checkpoint of the last stage,
 # every stage's train_log.jsonl, run_summary.json and train_config.json; written before measuring), diag.json,
 # eval.json, eval_html.json and cur.log. Wall time on one H200 with 16 cores: the first pool (about 75 s for 8,192 pages) + the
 # stages' seconds + about 30 s of model loads per stage + about 90 s of measuring.
@@ -38,6 +39,7 @@ done
 
 # every stage's pool, one after another in the background (all host cores but one: a stage trains meanwhile);
 # a pool that fails leaves a .failed marker and stops the stages
+T0=$(date +%s)
 workers=$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))
 rm -f "$RUN"/pool-*.ready "$RUN"/pool-*.failed
 (
@@ -53,6 +55,7 @@ rm -f "$RUN"/pool-*.ready "$RUN"/pool-*.failed
 ) &
 
 prev=${INIT:-demo_model}
+ran=()
 for i in "${!names[@]}"; do
   n=${names[$i]}
   while [ ! -f "$RUN/pool-$n.ready" ]; do
@@ -61,18 +64,25 @@ for i in "${!names[@]}"; do
   done
   grep -h "pool:.*pages (" "$RUN/pool-$n.log" | tee -a "$LOG" || true
   read -r -a f <<<"${flags[$i]}"
-  say "stage $n: ${secs[$i]} s from $prev: ${flags[$i]}"
-  python3 -m quantize.train "$RUN/$n" --init "$prev" --gpu-seconds "${secs[$i]}" --pool-cache "$RUN/pool-$n" \
+  # a stage is cut to what is left before DEADLINE_S, less RESERVE_S for its start (pool and model loads, about
+  # 40 s), the checkpoint's packing and the measuring, so a call under a time limit always brings it back
+  left=$(( ${DEADLINE_S:-560} - $(date +%s) + T0 - ${RESERVE_S:-150} ))
+  if [ "$left" -lt 30 ]; then say "stage $n: skipped, only $left s left before DEADLINE_S"; break; fi
+  s=${secs[$i]}
+  if [ "$s" -gt "$left" ]; then say "stage $n: cut from $s s to $left s (DEADLINE_S ${DEADLINE_S:-560})"; s=$left; fi
+  say "stage $n: $s s from $prev: ${flags[$i]}"
+  python3 -m quantize.train "$RUN/$n" --init "$prev" --gpu-seconds "$s" --pool-cache "$RUN/pool-$n" \
     "${common[@]}" "${f[@]}" >"$RUN/$n.log" 2>&1 || { tail -20 "$RUN/$n.log" | tee -a "$LOG"; exit 1; }
   grep -E "step .*loss" "$RUN/$n.log" | awk 'NR % 20 == 1' | tail -8 | sed "s/^/$n: /" | tee -a "$LOG"
   grep -E "step .*loss" "$RUN/$n.log" | tail -1 | sed "s/^/$n: /" | tee -a "$LOG"
   prev=$RUN/$n/checkpoint
+  ran+=("$n")
 done
 wait
 
 # the checkpoint comes back first, so a call cut off while measuring still returns what it trained
 stage_files=()
-for n in "${names[@]}"; do
+for n in "${ran[@]}"; do
   for f in train_log.jsonl run_summary.json train_config.json; do
     cp "$RUN/$n/$f" "$RUN/$n-$f" && stage_files+=("$n-$f")
   done
