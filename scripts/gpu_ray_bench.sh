@@ -30,14 +30,14 @@ export PYTHONUNBUFFERED=1 RAY_TMPDIR=${RAY_TMPDIR:-/tmp/ray-bench}
 OUT=${OUT:-/tmp/out}; W=${W:-/tmp/work}; mkdir -p "$OUT" "$W" "$RAY_TMPDIR"
 PAGES=${PAGES:-384}; TOKENS=${TOKENS:-256}; SLOTS=${SLOTS:-8}; CALL_PAGES=${CALL_PAGES:-$((8 * SLOTS))}
 DEVICE=${DEVICE:-cuda}
-[ "$DEVICE" = cpu ] && export CUDA_VISIBLE_DEVICES=
+[ "$DEVICE" = cpu ] && export CUDA_VISIBLE_DEVICES= FUSE=${FUSE:-0}   # the cuda fusion target does not load on a CPU
 PY=${PYTHON:-python3}
 LOG=$OUT/ray_bench.log
 if [ -z "${ART:-}" ]; then
   # shellcheck source=scripts/gpu_realsize.sh
   source "$(dirname "$0")/gpu_realsize.sh"
   realsize_slots "$SLOTS" || exit 1
-  ART=$W/slots$SLOTS
+  ART=$SLOTS_ART
 fi
 rm -rf "$W/ray-in" && mkdir -p "$W/ray-in"
 mapfile -t images < <(ls calibration_data/eval/*.jpg calibration_data/eval_html/*.jpg)

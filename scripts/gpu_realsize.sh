@@ -1,7 +1,10 @@
 # Sourced by the GPU bench scripts (gpu_slots_bench.sh, gpu_ray_bench.sh): realsize_slots N builds, once per work
 # folder $W, the real-size architecture on random weights ($W/real-ckpt), its FP16 export with GroupQueryAttention
-# and in-graph selection ($W/real-fp16-gqa) and that export with N slots ($W/slotsN), and returns non-zero (the
-# failed step's last lines printed) if a step fails.  $PY: the Python to run (default python3).
+# and in-graph selection ($W/real-fp16-gqa), that export with N slots ($W/slotsN) and, with FUSE=1 (the default),
+# those graphs fused for CUDA ($W/slotsN-fused, `python -m quantize fuse`: the flavour the README recommends on
+# GPUs); it sets SLOTS_ART to the artifact to bench and returns non-zero (the failed step's last lines printed) if
+# a step fails.  $PY: the Python to run (default python3).  FUSE=0 benches the unfused export, as before
+# 2026-12-05.
 _last_line() {   # command...: run it, print its last line of output; on failure its last 10 lines and fail
   local out
   out=$("$@" 2>&1) || { printf '%s\n' "$out" | tail -10; return 1; }
@@ -14,4 +17,10 @@ realsize_slots() {
       --precision fp16 --device cuda --attention gqa --select-on-device --cache-len 4096 || return 1
   [ -f "$W/slots$n/manifest.json" ] || _last_line $py -m quantize reslot "$W/real-fp16-gqa" "$W/slots$n" \
       --slots "$n" || return 1
+  SLOTS_ART=$W/slots$n
+  if [ "${FUSE:-1}" = 1 ]; then
+    [ -f "$W/slots$n-fused/manifest.json" ] || _last_line $py -m quantize fuse "$W/slots$n" "$W/slots$n-fused" \
+        --target cuda || return 1
+    SLOTS_ART=$W/slots$n-fused
+  fi
 }

@@ -2,7 +2,7 @@
 # Many pages at once on an NVIDIA GPU (onnxruntime-gpu importable; CUDA torch + transformers for the peer):
 # the real-size architecture on random weights, one FP16 export with GroupQueryAttention and in-graph
 # selection (CUDA graph on), the same graphs with 1, 4, 8 and 16 slots (`python -m quantize reslot`; the
-# decoder graph takes any batch), PAGES distinct 1024x1024 pages x TOKENS new tokens each through
+# decoder graph takes any batch), fused for CUDA unless FUSE=0 (scripts/gpu_realsize.sh), PAGES distinct 1024x1024 pages x TOKENS new tokens each through
 # `edgeocr bench --pages` (each page's vision ahead on a worker thread; 8 slots also with vision ahead
 # off), against transformers' batched generate (bf16, sdpa) at the same batch sizes on 2 x batch pages
 # (at least 4).  JSON and a log under $OUT.
@@ -15,13 +15,14 @@ source "$(dirname "$0")/gpu_realsize.sh"
 for n in $SLOTS; do
   realsize_slots "$n" || exit 1
   tp=$(( 2 * n < 4 ? 4 : 2 * n ))
-  python3 -m quantize bench-hf $W/slots$n $W/real-ckpt --device cuda --pages $PAGES --tokens $TOKENS \
+  python3 -m quantize bench-hf "$SLOTS_ART" $W/real-ckpt --device cuda --pages $PAGES --tokens $TOKENS \
       --task structured_parse --transformers-pages $tp --vision-ahead on --json "$OUT/slots_$n.json" 2>&1 \
       | grep -v "Loading weights" | tee -a "$OUT/slots_bench.log"
 done
 # the same 8 slots with every page's vision run while the other slots wait (vision ahead off), same run
 if [ -d $W/slots8 ]; then
-  python3 -m edgeocr bench $W/slots8 --device cuda --pages $PAGES --tokens $TOKENS --task structured_parse \
+  realsize_slots 8 || exit 1
+  python3 -m edgeocr bench "$SLOTS_ART" --device cuda --pages $PAGES --tokens $TOKENS --task structured_parse \
       --vision-ahead off --json "$OUT/slots_8_vision_waits.json" 2>&1 | tee -a "$OUT/slots_bench.log"
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/slots_bench.log"
