@@ -1,5 +1,5 @@
-"""CER of transformers checkpoints on the first N pages of calibration_data/eval (or --set eval_html) (full text, greedy with the
-checkpoint's repetition penalty), page by page, through the transformers reference (no export):
+"""CER of transformers checkpoints on the first N pages of calibration_data/eval (or --set eval_html): full text,
+greedy with the checkpoint's repetition penalty, page by page, through the transformers reference (no export):
 
     python scripts/eval_ckpt.py CKPT [CKPT ...] [--pages 16] [--tokens 800] [--device cuda] [--dtype float32]
         [--set eval|eval_html]
@@ -18,6 +18,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantize.train import eval_pages  # noqa: E402
+from quantize.train.evaluate import EVAL_SETS  # noqa: E402
 
 
 def main() -> int:
@@ -27,7 +28,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=800)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--set", default="eval", choices=("eval", "eval_html"), help="calibration_data subfolder")
+    ap.add_argument("--set", default="eval", choices=EVAL_SETS, help="calibration_data subfolder")
     ap.add_argument("--json", type=Path, help="write the per-page results here")
     args = ap.parse_args()
     report = {}

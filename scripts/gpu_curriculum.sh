@@ -2,14 +2,16 @@
 # On the GPU machine: train the demo model through a curriculum of stages in one call, each stage continuing
 # the last one's checkpoint on a page pool of its own (rendered in the background while the stage before it
 # trains), then measure the result like scripts/gpu_train_ab.sh does (diag_image_use.py on business documents
-# and reading pages of levels 0, 0.5 and 1; eval_ckpt.py greedy CER on the first EVAL_PAGES eval pages).
+# and reading pages of levels 0, 0.5 and 1; eval_ckpt.py greedy CER on the first EVAL_PAGES eval pages and the
+# first EVAL_HTML_PAGES eval_html pages).
 #   STAGES='easy|300|--reading-frac 1.0 --reading-level 0 --data-seed 7100
 #   mix|180|--reading-frac 0.5 --reading-level 0:0.5 --data-seed 7200' INIT=demo_model bash scripts/gpu_curriculum.sh
 # Each stage line is NAME|SECONDS|FLAGS (flags of python -m quantize.train; give each stage its own
 # --data-seed so no page is seen in two stages). INIT: the checkpoint to start from (demo_model, or one carried
 # back from an earlier call). Env: POOL_PAGES (6144), BATCH (32), EVAL_PAGES (8), EVAL_HTML_PAGES (8), DIAG_PAGES (8),
-# RUN (/tmp/edgeocr-cur), OUT ($RUN/out), DEADLINE_S (560: each stage is shortened so that the checkpoint is packed
-# and measured before then; RESERVE_S, 150, is what a stage's start, the packing and the measuring take). Results in $OUT: final.tar.gz (bf16 checkpoint of the last stage,
+# RUN (/tmp/edgeocr-cur), OUT ($RUN/out), DEADLINE_S (560 s from this script's start: each stage is shortened, or
+# skipped, so that the checkpoint is packed and measured before then; RESERVE_S, 200, is what a stage's start, the
+# packing and the measuring take; subtract what the call does before the script from DEADLINE_S). Results in $OUT: final.tar.gz (bf16 checkpoint of the last stage,
 # every stage's train_log.jsonl, run_summary.json and train_config.json; written before measuring), diag.json,
 # eval.json, eval_html.json and cur.log. Wall time on one H200 with 16 cores: the first pool (about 75 s for 8,192 pages) + the
 # stages' seconds + about 30 s of model loads per stage + about 90 s of measuring.
@@ -23,6 +25,7 @@ common=(--pool-pages "${POOL_PAGES:-6144}" --batch "${BATCH:-32}" --eval-every 0
 names=() secs=() flags=()
 while IFS='|' read -r name s f; do
   [ -z "$name" ] && continue
+  [[ "$s" =~ ^[0-9]+$ ]] || { echo "stage $name: SECONDS must be a whole number, not '$s'"; exit 2; }
   names+=("$name") secs+=("$s") flags+=("$f")
 done <<<"${STAGES:?set STAGES, one NAME|SECONDS|FLAGS per line}"
 
@@ -31,15 +34,19 @@ done <<<"${STAGES:?set STAGES, one NAME|SECONDS|FLAGS per line}"
 for i in "${!names[@]}"; do
   read -r -a f <<<"${flags[$i]}"
   for j in "${!f[@]}"; do
-    if [ "${f[$j]}" = --pages ] && [ ! -f "${f[$((j + 1))]:-}/labels.jsonl" ]; then
-      say "stage ${names[$i]}: --pages ${f[$((j + 1))]:-} has no labels.jsonl (not staged on this machine?)"; exit 2
+    dir=
+    case ${f[$j]} in --pages) dir=${f[$((j + 1))]:-}; ;; --pages=*) dir=${f[$j]#--pages=}; ;; *) continue; ;; esac
+    if [ ! -f "$dir/labels.jsonl" ]; then
+      say "stage ${names[$i]}: --pages $dir has no labels.jsonl (not staged on this machine?)"; exit 2
     fi
   done
 done
 
 # every stage's pool, one after another in the background (all host cores but one: a stage trains meanwhile);
-# a pool that fails leaves a .failed marker and stops the stages
+# a pool that fails leaves a .failed marker and stops the stages; the pools still rendering when the script ends
+# are stopped
 T0=$(date +%s)
+left_s() { echo $(( ${DEADLINE_S:-560} - $(date +%s) + T0 - ${RESERVE_S:-200} )); }
 workers=$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))
 rm -f "$RUN"/pool-*.ready "$RUN"/pool-*.failed
 (
@@ -53,21 +60,24 @@ rm -f "$RUN"/pool-*.ready "$RUN"/pool-*.failed
     fi
   done
 ) &
+pool_pid=$!
+trap 'pkill -P "$pool_pid" 2>/dev/null; kill "$pool_pid" 2>/dev/null' EXIT
 
 prev=${INIT:-demo_model}
 ran=()
 for i in "${!names[@]}"; do
   n=${names[$i]}
-  while [ ! -f "$RUN/pool-$n.ready" ]; do
+  while [ ! -f "$RUN/pool-$n.ready" ] && [ "$(left_s)" -ge 30 ]; do
     if [ -f "$RUN/pool-$n.failed" ]; then say "stage $n: its page pool failed:"; tail -15 "$RUN/pool-$n.log" | tee -a "$LOG"; exit 1; fi
     sleep 1
   done
+  # a stage is cut to what is left before DEADLINE_S, less RESERVE_S for its start (pool and model loads, about
+  # 40 s), the checkpoint's packing and the measuring, so a call under a time limit always brings its checkpoint
+  # back (and, with the default reserve, its measurements)
+  left=$(left_s)
+  if [ "$left" -lt 30 ]; then say "stage $n and after: skipped, only $left s left before DEADLINE_S"; break; fi
   grep -h "pool:.*pages (" "$RUN/pool-$n.log" | tee -a "$LOG" || true
   read -r -a f <<<"${flags[$i]}"
-  # a stage is cut to what is left before DEADLINE_S, less RESERVE_S for its start (pool and model loads, about
-  # 40 s), the checkpoint's packing and the measuring, so a call under a time limit always brings it back
-  left=$(( ${DEADLINE_S:-560} - $(date +%s) + T0 - ${RESERVE_S:-150} ))
-  if [ "$left" -lt 30 ]; then say "stage $n: skipped, only $left s left before DEADLINE_S"; break; fi
   s=${secs[$i]}
   if [ "$s" -gt "$left" ]; then say "stage $n: cut from $s s to $left s (DEADLINE_S ${DEADLINE_S:-560})"; s=$left; fi
   say "stage $n: $s s from $prev: ${flags[$i]}"
@@ -78,7 +88,9 @@ for i in "${!names[@]}"; do
   prev=$RUN/$n/checkpoint
   ran+=("$n")
 done
-wait
+[ ${#ran[@]} -gt 0 ] || { say "no stage ran: nothing to pack"; exit 3; }
+[ ${#ran[@]} -eq ${#names[@]} ] && wait "$pool_pid"
+say "stages that ran: ${ran[*]}"
 
 # the checkpoint comes back first, so a call cut off while measuring still returns what it trained
 stage_files=()

@@ -2,7 +2,8 @@
 # On an NVIDIA GPU (onnxruntime-gpu and ray[data] 2.60 importable): `edgeocr run --device cuda` against
 # `edgeocr run --ray local --ray-actors 1` (one GPU actor) on the same PAGES pages, TOKENS new tokens at most, the
 # artifact ART (default: the real-size architecture on random weights, FP16, GroupQueryAttention, in-graph
-# selection, SLOTS slots: scripts/gpu_realsize.sh, shared with scripts/gpu_slots_bench.sh).  Ray runs at the
+# selection, SLOTS slots, fused for CUDA unless FUSE=0: scripts/gpu_realsize.sh, shared with
+# scripts/gpu_slots_bench.sh).  Ray runs at the
 # default 2 pages per slot per actor call and at CALL_PAGES pages per call.  DEVICE=cpu runs the same comparison
 # on the CPU with every GPU hidden.
 #

@@ -18,6 +18,7 @@ realsize_slots() {
   [ -f "$W/slots$n/manifest.json" ] || _last_line $py -m quantize reslot "$W/real-fp16-gqa" "$W/slots$n" \
       --slots "$n" || return 1
   SLOTS_ART=$W/slots$n
+  case ${FUSE:-1} in 0|1) ;; *) echo "FUSE must be 0 or 1, not '$FUSE'"; return 1;; esac
   if [ "${FUSE:-1}" = 1 ]; then
     [ -f "$W/slots$n-fused/manifest.json" ] || _last_line $py -m quantize fuse "$W/slots$n" "$W/slots$n-fused" \
         --target cuda || return 1

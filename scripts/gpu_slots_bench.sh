@@ -20,7 +20,7 @@ for n in $SLOTS; do
       | grep -v "Loading weights" | tee -a "$OUT/slots_bench.log"
 done
 # the same 8 slots with every page's vision run while the other slots wait (vision ahead off), same run
-if [ -d $W/slots8 ]; then
+if [[ " $SLOTS " == *" 8 "* ]]; then
   realsize_slots 8 || exit 1
   python3 -m edgeocr bench "$SLOTS_ART" --device cuda --pages $PAGES --tokens $TOKENS --task structured_parse \
       --vision-ahead off --json "$OUT/slots_8_vision_waits.json" 2>&1 | tee -a "$OUT/slots_bench.log"

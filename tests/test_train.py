@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from edgeocr.decode import DecodeOptions
 from edgeocr.model import OCRModel
 
@@ -107,3 +109,12 @@ def test_glyph_loss_trains_and_stays_out_of_the_checkpoint(tmp_path):
         assert not [k for k in f.keys() if "glyph" in k]
     r = _train(out, 3, "--resume", "--glyph-loss", "1.0")
     assert "resumed at step 2" in r.stderr
+
+
+@pytest.mark.parametrize("subset", ["nope", "../eval", "/tmp"])
+def test_eval_pages_refuses_an_unknown_set_before_loading(tmp_path, subset):
+    """Only the held-out folders are evaluation sets; the name is checked before any model is loaded (the
+    checkpoint here does not exist)."""
+    from quantize.train.evaluate import eval_pages
+    with pytest.raises(ValueError, match="evaluation set must be one of"):
+        eval_pages(tmp_path / "no-checkpoint", 1, subset=subset)

@@ -7,20 +7,24 @@ from pathlib import Path
 
 import numpy as np
 
+EVAL_SETS = ("eval", "eval_html")       # held-out folders under calibration_data/
+
 
 def eval_pages(model_dir: Path, n: int, tokens: int = 700, device: str | None = None,
                dtype: str | None = None, subset: str = "eval") -> list[dict]:
-    """Full text of the first `n` pages of calibration_data/`subset` (eval or eval_html) through the transformers reference (greedy,
-    the checkpoint's repetition penalty), page by page: image, CER, tokens generated, text."""
+    """Full text of the first `n` pages of calibration_data/`subset` (eval or eval_html) through the transformers
+    reference (greedy, the checkpoint's repetition penalty), page by page: image, CER, tokens generated, text."""
     from edgeocr import metrics
     from edgeocr.dataset import load_dir
     from edgeocr.decode import DecodeOptions
     from quantize.reference import TransformersRunner
 
-    runner = TransformersRunner(str(model_dir), device or ("cuda" if _cuda() else "cpu"), dtype=dtype)
+    if subset not in EVAL_SETS:
+        raise ValueError(f"evaluation set must be one of {EVAL_SETS}, not {subset!r}")
     root = Path(__file__).resolve().parents[2] / "calibration_data" / subset
     if not root.is_dir():
         raise ValueError(f"no evaluation set {subset!r}: {root} is not a folder")
+    runner = TransformersRunner(str(model_dir), device or ("cuda" if _cuda() else "cpu"), dtype=dtype)
     rows = []
     for s in load_dir(root)[:n]:
         r = runner.recognize(s.path, task="structured_parse", options=DecodeOptions(max_new_tokens=tokens))
