@@ -61,7 +61,7 @@ rm -f "$RUN"/pool-*.ready "$RUN"/pool-*.failed
   done
 ) &
 pool_pid=$!
-trap 'pkill -P "$pool_pid" 2>/dev/null; kill "$pool_pid" 2>/dev/null' EXIT
+trap 'rc=$?; pkill -P "$pool_pid" 2>/dev/null || true; kill "$pool_pid" 2>/dev/null || true; exit $rc' EXIT
 
 prev=${INIT:-demo_model}
 ran=()
