@@ -235,13 +235,21 @@ def format_text(rec: dict) -> str:
     return "\n".join("[" + ", ".join(f"{v:>{width}}" for v in ln["box"]) + "]  " + ln["text"] for ln in lines)
 
 
+# what a page's finish reason means for its text, where the text is not whole
+_CUT_HINTS = {
+    "cache_full": "text cut off: the artifact's KV cache is full (export it again with a larger --cache-len)",
+    "length": "text cut off at --max-new-tokens",
+}
+
+
 def _summary_line(rec: dict, label: str, remote: bool = False) -> str:
     t = rec["timings_ms"]
     if rec["finish_reason"] == "blank":
         return f"[{label}] blank page (no ink): empty result, the model was not run"
+    hint = _CUT_HINTS.get(str(rec["finish_reason"]))
     return (f"[{label}] {rec['generated_tokens']} tokens, finish={rec['finish_reason']}, total {t['total']:.0f} ms "
             f"(vision {t.get('vision', 0):.0f}, prefill {t.get('prefill', 0):.0f}, "
-            f"{t.get('per_token', 0):.2f} ms/token)" + (" (remote)" if remote else ""))
+            f"{t.get('per_token', 0):.2f} ms/token)" + (" (remote)" if remote else "") + (f"; {hint}" if hint else ""))
 
 
 def _serve(args) -> int:

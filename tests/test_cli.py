@@ -33,7 +33,7 @@ def test_run_text_json_and_errors(art_a, tmp_path):
     out = json.loads(p.stdout.strip().splitlines()[0])
     assert out["generated_tokens"] == 4 and out["finish_reason"] == "length" and out["task"] == "spotting"
     assert {"vision", "prefill", "decode", "total", "first_token", "per_token"} <= set(out["timings_ms"])
-    assert "tokens, finish=length" in p.stderr
+    assert "tokens, finish=length" in p.stderr and "text cut off at --max-new-tokens" in p.stderr
     p = run("-m", "edgeocr", "run", str(img), "--model", str(art_a), "--stream", "--max-new-tokens", "3")
     assert "finish=length" in p.stderr
     bad = tmp_path / "bad.png"
@@ -44,6 +44,17 @@ def test_run_text_json_and_errors(art_a, tmp_path):
     assert p.returncode == 1 and "no manifest.json" in p.stderr and "Traceback" not in p.stderr
     p = run("-m", "edgeocr", "run", str(img), check=False)
     assert p.returncode == 2 and "no model" in p.stderr
+
+
+def test_summary_line_says_when_the_text_is_cut():
+    """A page that ended on a full KV cache or on --max-new-tokens says its text is cut and what to change; a
+    page that stopped says nothing more."""
+    from edgeocr.cli import _summary_line
+    rec = {"generated_tokens": 958, "timings_ms": {"total": 9.0, "vision": 1.0, "prefill": 1.0, "per_token": 1.0}}
+    full = _summary_line({**rec, "finish_reason": "cache_full"}, "p.png")
+    assert "finish=cache_full" in full and "KV cache is full" in full and "--cache-len" in full
+    assert "--max-new-tokens" in _summary_line({**rec, "finish_reason": "length"}, "p.png")
+    assert "cut off" not in _summary_line({**rec, "finish_reason": "stop"}, "p.png")
 
 
 def test_tasks_listing():
