@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from edgeocr.decode import FinishReason
 from edgeocr.errors import EdgeOCRError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -235,18 +236,19 @@ def format_text(rec: dict) -> str:
     return "\n".join("[" + ", ".join(f"{v:>{width}}" for v in ln["box"]) + "]  " + ln["text"] for ln in lines)
 
 
-# what a page's finish reason means for its text, where the text is not whole
+# what a page's finish reason means for its text, where the text is not whole (check.TRUNCATED's reasons)
 _CUT_HINTS = {
-    "cache_full": "text cut off: the artifact's KV cache is full (export it again with a larger --cache-len)",
-    "length": "text cut off at --max-new-tokens",
+    FinishReason.CACHE_FULL: "text cut off: the artifact's KV cache is full "
+                             "(export it again with a larger --cache-len)",
+    FinishReason.LENGTH: "text cut off at --max-new-tokens",
 }
 
 
 def _summary_line(rec: dict, label: str, remote: bool = False) -> str:
     t = rec["timings_ms"]
-    if rec["finish_reason"] == "blank":
+    if rec["finish_reason"] == FinishReason.BLANK:
         return f"[{label}] blank page (no ink): empty result, the model was not run"
-    hint = _CUT_HINTS.get(str(rec["finish_reason"]))
+    hint = _CUT_HINTS.get(rec["finish_reason"])     # a FinishReason hashes as its value: str records look up too
     return (f"[{label}] {rec['generated_tokens']} tokens, finish={rec['finish_reason']}, total {t['total']:.0f} ms "
             f"(vision {t.get('vision', 0):.0f}, prefill {t.get('prefill', 0):.0f}, "
             f"{t.get('per_token', 0):.2f} ms/token)" + (" (remote)" if remote else "") + (f"; {hint}" if hint else ""))

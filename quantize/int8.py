@@ -38,7 +38,7 @@ class Int8Options:
     holdout_images: int = 8         # further images for the accuracy gate (never used for statistics)
     decode_tokens: int = 128        # FP32 greedy tokens appended to each decoder calibration sequence: with 24,
                                     # activations deep into the answer went unseen and the demo model's INT8 lost
-                                    # 1.7 CER points on eval (9.4 -> 11.1 %); with 128 (docs/int8.md, 2026-12-04)
+                                    # 1.7 CER points on eval (9.4 -> 11.1 %); 128 gives 9.7 % (docs/int8.md)
     vision_min_cosine: float = 0.98  # gate: mean cosine(INT8, FP32) of image embeddings
     decoder_min_top1: float = 0.90  # gate: teacher-forced top-1 agreement of decoder logits
     max_reverted: int = 64          # cap on layers the sensitivity pass may revert to floating point

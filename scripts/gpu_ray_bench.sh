@@ -3,9 +3,8 @@
 # `edgeocr run --ray local --ray-actors 1` (one GPU actor) on the same PAGES pages, TOKENS new tokens at most, the
 # artifact ART (default: the real-size architecture on random weights, FP16, GroupQueryAttention, in-graph
 # selection, SLOTS slots, fused for CUDA unless FUSE=0: scripts/gpu_realsize.sh, shared with
-# scripts/gpu_slots_bench.sh).  Ray runs at the
-# default 2 pages per slot per actor call and at CALL_PAGES pages per call.  DEVICE=cpu runs the same comparison
-# on the CPU with every GPU hidden.
+# scripts/gpu_slots_bench.sh).  Ray runs at the default 2 pages per slot per actor call and at CALL_PAGES pages
+# per call.  DEVICE=cpu runs the same comparison on the CPU with every GPU hidden.
 #
 # Pages: calibration_data/eval then eval_html (128 distinct images), copied under distinct names round after round
 # until there are PAGES (default 384: 3 rounds, so each image is read 3 times), enough that the fixed costs (Ray's
