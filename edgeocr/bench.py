@@ -355,7 +355,9 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
             "wall_s": wall, "pages_per_s": done / wall, "tokens_per_s": done * tokens / wall,
             "step_ms_all_slots_busy": statistics.mean(full_steps) if full_steps else None,
             "step_ms_mean": statistics.mean(steps), "admit_ms_mean": statistics.mean(admit_ms),
-            "vision_ahead": sched.sched.vision_ahead, "vision_ms_mean": statistics.mean(vision),
+            "vision_ahead": sched.sched.vision_ahead,
+            "stream_priorities": bool(getattr(model.session, "stream_priorities", False)),
+            "vision_ms_mean": statistics.mean(vision),
             "prefill_ms_mean": statistics.mean(prefill),
             "kv_cache_mib": m.kv.bytes / 2**20, "kv_mib_per_slot": m.kv.bytes / m.slots / 2**20,
             "peak_device_mib": peak_dev}
@@ -393,9 +395,11 @@ def format_pages(r: dict, hf: dict | None = None) -> str:
     lines = [f"{r['backend']} {r['precision']}, {r['slots']} slot(s), {r['flavour']}",
              f"{r['pages']} pages x {r['new_tokens_per_page']} tokens in {r['wall_s']:.2f} s: "
              f"{r['pages_per_s']:.2f} pages/s, {r['tokens_per_s']:.0f} tokens/s",
-             f"decode step with all slots busy {busy:.3f} ms" if busy else "decode step: slots never all busy",
+             (f"decode step with all slots busy {busy:.3f} ms" if busy else "decode step: slots never all busy")
+             + f" (mean over all steps {r['step_ms_mean']:.3f} ms)",
              f"per page: vision {r['vision_ms_mean']:.1f} ms "
-             f"({'on the worker thread while the other slots decode' if r['vision_ahead'] else 'the other slots wait'}), "
+             f"({'on the worker thread while the other slots decode' if r['vision_ahead'] else 'the other slots wait'}"
+             f"{', vision stream low priority, decoder high' if r.get('stream_priorities') else ''}), "
              f"prefill {r['prefill_ms_mean']:.1f} ms (the other slots wait); KV cache {r['kv_cache_mib']:.0f} MiB "
              f"({r['kv_mib_per_slot']:.0f} MiB per slot)"]
     if hf:

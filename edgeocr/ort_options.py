@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 CPU_SPIN_ENV = "EDGEOCR_CPU_SPIN"    # "1": let ONNX Runtime's CPU worker threads spin between kernels
+STREAM_PRIORITIES_ENV = "EDGEOCR_STREAM_PRIORITIES"   # "1": decoder on a high-priority CUDA stream, vision low
 
 
 def cpu_session_config() -> dict:
@@ -58,3 +59,22 @@ def vision_run_options(ort, device_id: int = 0):
     ro = ort.RunOptions()
     ro.add_run_config_entry("memory.enable_memory_arena_shrinkage", f"gpu:{device_id}")
     return ro
+
+
+def stream_priorities_wanted(value: bool | None = None) -> bool:
+    """Whether the CUDA sessions run on prioritized streams (None: EDGEOCR_STREAM_PRIORITIES, off when unset)."""
+    if value is None:
+        return os.environ.get(STREAM_PRIORITIES_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+def priority_stream_options(cuda) -> tuple[dict, dict]:
+    """Provider options putting the vision session on a lowest-priority CUDA stream and the decoder session
+    (prefill and the decode step) on a highest-priority one, as ({vision}, {decoder}).  `cuda`: an
+    edgeocr.backends.cudart.CudaRT.  With vision ahead (edgeocr.slots) a page's vision runs beside the decode
+    steps of the other slots; the GPU then hands freed multiprocessors to the step's small kernels before the
+    vision's large ones, instead of letting the vision's kernels fill the device while a step waits.  The streams
+    live as long as the process (one pair per session)."""
+    lowest, highest = cuda.stream_priority_range()
+    vision, decoder = cuda.stream_create_with_priority(lowest), cuda.stream_create_with_priority(highest)
+    return {"user_compute_stream": str(vision)}, {"user_compute_stream": str(decoder)}

@@ -407,7 +407,7 @@ def fuse_lm_head(om) -> int:
 
 # --------------------------------------------------------------------------------------------- cuda passes
 def _packed_rope_tables(om, cos: str, sin: str, heads: int, rotated: int, dtype, cache: dict) -> tuple[str, str]:
-    """cos/sin [1, S, 1, D] -> [1, S, heads, D] tables that rotate the first `rotated` heads and leave the rest
+    """cos/sin [B, S, 1, D] -> [B, S, heads, D] tables that rotate the first `rotated` heads and leave the rest
     (the value heads) as they are: cos 1, sin 0.  Built once per graph run, shared by every layer."""
     from onnx import helper
 
@@ -428,7 +428,7 @@ def _packed_rope_tables(om, cos: str, sin: str, heads: int, rotated: int, dtype,
 def pack_gqa_qk_norm(om) -> int:
     """Per layer, as exported:  MatMul(qkv) -> Split(q|k, v) -> Reshape -> RoPE (Mul cos, MatMul R, Mul sin, Add)
     -> Split(q, k) -> SimplifiedLayerNormalization(qn) / (kn) -> Reshape -> GroupQueryAttention(q, k, v).
-    Becomes:  MatMul(qkv) -> Reshape [1, S, H+2KVH, D] -> RoPE with packed tables -> Reshape ->
+    Becomes:  MatMul(qkv) -> Reshape [B, S, H+2KVH, D] -> RoPE with packed tables -> Reshape ->
     GroupQueryAttention(packed qkv, q_norm_weight=qn, k_norm_weight=kn): both Splits, both norms and their
     reshapes gone.  The op normalizes q and k per head before its own (unused) rotary, i.e. after ours."""
     from onnx import helper
@@ -468,8 +468,8 @@ def pack_gqa_qk_norm(om) -> int:
         heads = nq + 2 * kvh
         cos, sin = _packed_rope_tables(om, plain.input[1], rot.input[1], heads, nq + kvh, rmat.dtype, tables)
         tag = gqa.name + "_packed"
-        shape4 = _init(om, np.array([1, -1, heads, d], np.int64), f"packed_qkv_shape4_{heads}_{d}")
-        shape3 = _init(om, np.array([1, -1, heads * d], np.int64), f"packed_qkv_shape3_{heads}_{d}")
+        shape4 = _init(om, np.array([0, -1, heads, d], np.int64), f"packed_qkv_shape4_{heads}_{d}")
+        shape3 = _init(om, np.array([0, -1, heads * d], np.int64), f"packed_qkv_shape3_{heads}_{d}")
         nodes = [helper.make_node("Reshape", [qkv, shape4], [tag + "_4d"], name=tag + "_reshape4"),
                  helper.make_node("Mul", [tag + "_4d", cos], [tag + "_cos"], name=tag + "_rope_cos"),
                  helper.make_node("MatMul", [tag + "_4d", mm_r.input[1]], [tag + "_rot"], name=tag + "_rope_rot"),
@@ -635,10 +635,10 @@ def portable_equivalent(model):
         d = _const(om, ins[14]).shape[0]
         t = gqa.name + "_portable"
         sizes = _init(om, np.array([nq * d, kvh * d, kvh * d], np.int64), f"{t}_split_sizes")
-        hq = _init(om, np.array([1, -1, nq, d], np.int64), f"{t}_q4_shape")
-        hk = _init(om, np.array([1, -1, kvh, d], np.int64), f"{t}_k4_shape")
-        fq = _init(om, np.array([1, -1, nq * d], np.int64), f"{t}_q3_shape")
-        fk = _init(om, np.array([1, -1, kvh * d], np.int64), f"{t}_k3_shape")
+        hq = _init(om, np.array([0, -1, nq, d], np.int64), f"{t}_q4_shape")
+        hk = _init(om, np.array([0, -1, kvh, d], np.int64), f"{t}_k4_shape")
+        fq = _init(om, np.array([0, -1, nq * d], np.int64), f"{t}_q3_shape")
+        fk = _init(om, np.array([0, -1, kvh * d], np.int64), f"{t}_k3_shape")
         nodes = [helper.make_node("Split", [ins[0], sizes], [t + "_q", t + "_k", t + "_v"], axis=-1),
                  helper.make_node("Reshape", [t + "_q", hq], [t + "_q4"]),
                  helper.make_node("SimplifiedLayerNormalization", [t + "_q4", ins[14]], [t + "_qn"], axis=-1,

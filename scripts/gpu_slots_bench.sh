@@ -4,17 +4,27 @@
 # selection (CUDA graph on), the same graphs with 1, 4, 8 and 16 slots (`python -m quantize reslot`; the
 # decoder graph takes any batch), fused for CUDA unless FUSE=0 (scripts/gpu_realsize.sh), PAGES distinct 1024x1024 pages x TOKENS new tokens each through
 # `edgeocr bench --pages` (each page's vision ahead on a worker thread; 8 slots also with vision ahead
-# off), against transformers' batched generate (bf16, sdpa) at the same batch sizes on 2 x batch pages
-# (at least 4).  JSON and a log under $OUT.
+# off, and with vision ahead on prioritized CUDA streams: EDGEOCR_STREAM_PRIORITIES=1), against transformers'
+# batched generate (bf16, sdpa) at the same batch sizes on 2 x batch pages (at least 4; PEER=0: no
+# transformers, `edgeocr bench` alone, a one-slot run without vision ahead).  JSON and a log under $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; W=${W:-/tmp/work}; mkdir -p "$OUT" $W
 PAGES=${PAGES:-64}; TOKENS=${TOKENS:-256}; SLOTS=${SLOTS:-1 4 8 16}
 # shellcheck source=scripts/gpu_realsize.sh
 source "$(dirname "$0")/gpu_realsize.sh"
+bench() {   # JSON-NAME edgeocr-bench-flags...
+  local name=$1; shift
+  python3 -m edgeocr bench "$SLOTS_ART" --device cuda --pages $PAGES --tokens $TOKENS --task structured_parse \
+      "$@" --json "$OUT/$name.json" 2>&1 | tee -a "$OUT/slots_bench.log"
+}
 for n in $SLOTS; do
   realsize_slots "$n" || exit 1
   tp=$(( 2 * n < 4 ? 4 : 2 * n ))
+  if [ "${PEER:-1}" = 0 ]; then
+    if [ "$n" = 1 ]; then bench slots_1 --vision-ahead off; else bench "slots_$n" --vision-ahead on; fi
+    continue
+  fi
   python3 -m quantize bench-hf "$SLOTS_ART" $W/real-ckpt --device cuda --pages $PAGES --tokens $TOKENS \
       --task structured_parse --transformers-pages $tp --vision-ahead on --json "$OUT/slots_$n.json" 2>&1 \
       | grep -v "Loading weights" | tee -a "$OUT/slots_bench.log"
@@ -22,7 +32,7 @@ done
 # the same 8 slots with every page's vision run while the other slots wait (vision ahead off), same run
 if [[ " $SLOTS " == *" 8 "* ]]; then
   realsize_slots 8 || exit 1
-  python3 -m edgeocr bench "$SLOTS_ART" --device cuda --pages $PAGES --tokens $TOKENS --task structured_parse \
-      --vision-ahead off --json "$OUT/slots_8_vision_waits.json" 2>&1 | tee -a "$OUT/slots_bench.log"
+  bench slots_8_vision_waits --vision-ahead off
+  EDGEOCR_STREAM_PRIORITIES=1 bench slots_8_stream_priorities --vision-ahead on
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/slots_bench.log"

@@ -148,6 +148,46 @@ def test_cuda_target_structure_fp16(fast):
     assert lns and all(inits_t.data_type == onnx.TensorProto.FLOAT16 for inits_t in _weights(fast["a16-cuda"], lns))
 
 
+def _step_feeds(sess, rng, batch: int, lengths: list[int]):
+    """Decode-step feeds for a fast-flavour decoder: one token for each of `batch` slots, slot i with
+    lengths[i] rows already in its cache (random), as the runtime binds an N-slot step."""
+    feeds = {}
+    for i in sess.get_inputs():
+        if i.name == "input_ids":
+            feeds[i.name] = rng.integers(0, 300, (batch, 1)).astype(np.int64)
+        elif i.name == "image_embeds":                      # the runtime's placeholder row while decoding
+            feeds[i.name] = np.zeros((1, i.shape[1]), np.float32)
+        elif i.name == "seqlens_k":
+            feeds[i.name] = np.array(lengths, np.int32)     # total length - 1 = the new token's row
+        elif i.name == "total_sequence_length":
+            feeds[i.name] = np.array(max(lengths) + 1, np.int32)
+        elif i.name == "penalty":
+            feeds[i.name] = np.full((batch,), 1.08, np.float32)
+        elif i.name == "seen":
+            feeds[i.name] = (rng.uniform(size=(batch, i.shape[1])) < 0.05).astype(np.float32)
+        elif i.name.startswith("past_"):
+            feeds[i.name] = rng.standard_normal((batch, *i.shape[1:])).astype(np.float32)
+        else:                                               # cos, sin: each slot at its own position
+            feeds[i.name] = rng.uniform(-1, 1, (batch, 1, i.shape[2])).astype(np.float32)
+    return feeds
+
+
+@pytest.mark.parametrize("target", ["portable", "cuda"])
+def test_fused_step_takes_a_batch_of_slots(fast, target):
+    """An N-slot artifact's decode step runs batch N, one token per slot at its own cache length: the fused
+    graph computes what the exported one does for every slot (no reshape may assume batch 1)."""
+    art, fused = fast["a"], fast[f"a-{target}"]
+    rng = np.random.default_rng(11)
+    da, db = _session(art / "decoder.onnx"), _session(fused / "decoder.onnx", cuda_ops_expanded=target == "cuda")
+    feeds = _step_feeds(da, rng, 3, [4, 9, 2])
+    outs = [o.name for o in da.get_outputs()]
+    ra, rb = da.run(None, feeds), db.run(outs, feeds)
+    for name, x, y in zip(outs, ra, rb):
+        assert x.shape == y.shape and x.shape[0] == 3, name
+        tol = 0 if name == "next_token" else LOGIT_TOL
+        assert np.abs(x.astype(np.float64) - y).max() <= tol, name
+
+
 def _weights(art, nodes):
     inits = {t.name: t for t in onnx.load(str(art / "vision.onnx"), load_external_data=False).graph.initializer}
     return [inits[n.input[2]] for n in nodes]

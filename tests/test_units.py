@@ -160,3 +160,30 @@ def test_python_api_and_cli_share_task_names():
     with contextlib.redirect_stdout(buf):
         assert main(["tasks"]) == 0
     assert [line.split()[0] for line in buf.getvalue().splitlines()] == prompts.task_names()
+
+
+def test_priority_streams_put_vision_low_and_decoder_high(monkeypatch):
+    """EDGEOCR_STREAM_PRIORITIES: the vision session's provider options name a lowest-priority stream, the
+    decoder's a highest-priority one (CUDA numbers: lower is higher), each a stream of its own."""
+    from edgeocr import ort_options
+
+    class FakeCuda:
+        def __init__(self):
+            self.made = []
+
+        def stream_priority_range(self):
+            return 0, -5
+
+        def stream_create_with_priority(self, priority):
+            self.made.append(priority)
+            return 0x1000 + len(self.made)
+
+    cuda = FakeCuda()
+    vision, decoder = ort_options.priority_stream_options(cuda)
+    assert cuda.made == [0, -5]
+    assert vision == {"user_compute_stream": str(0x1001)} and decoder == {"user_compute_stream": str(0x1002)}
+    monkeypatch.delenv(ort_options.STREAM_PRIORITIES_ENV, raising=False)
+    assert ort_options.stream_priorities_wanted() is False
+    monkeypatch.setenv(ort_options.STREAM_PRIORITIES_ENV, "1")
+    assert ort_options.stream_priorities_wanted() is True
+    assert ort_options.stream_priorities_wanted(False) is False

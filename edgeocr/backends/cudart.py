@@ -18,6 +18,7 @@ _MEMCPY_H2D = 1   # cudaMemcpyHostToDevice
 _MEMCPY_D2H = 2   # cudaMemcpyDeviceToHost
 _MEMCPY_D2D = 3   # cudaMemcpyDeviceToDevice
 _CAPTURE_THREAD_LOCAL = 1   # cudaStreamCaptureModeThreadLocal
+_STREAM_NON_BLOCKING = 1    # cudaStreamNonBlocking
 
 
 class CudaRT:
@@ -51,6 +52,22 @@ class CudaRT:
     def stream_create(self) -> int:
         s = ctypes.c_void_p()
         self._check(self.lib.cudaStreamCreate(ctypes.byref(s)), "cudaStreamCreate")
+        return int(s.value)
+
+    def stream_priority_range(self) -> tuple[int, int]:
+        """(lowest, highest) stream priority of the current device; a lower number is a higher priority
+        (0 and -5 on recent GPUs)."""
+        least, greatest = ctypes.c_int(), ctypes.c_int()
+        self._check(self.lib.cudaDeviceGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)),
+                    "cudaDeviceGetStreamPriorityRange")
+        return least.value, greatest.value
+
+    def stream_create_with_priority(self, priority: int) -> int:
+        """A non-blocking stream (it does not wait for CUDA's legacy default stream, as ONNX Runtime's own
+        streams do not) whose kernels the GPU schedules before those of lower-priority streams."""
+        s = ctypes.c_void_p()
+        self._check(self.lib.cudaStreamCreateWithPriority(ctypes.byref(s), ctypes.c_uint(_STREAM_NON_BLOCKING),
+                                                          ctypes.c_int(priority)), "cudaStreamCreateWithPriority")
         return int(s.value)
 
     def stream_sync(self, stream: int) -> None:

@@ -74,6 +74,7 @@ class OrtSession:
     attention = ""              # the flavour's decoder attention
     inplace = False             # the graph updates the cache itself
     step_graphs = 1             # decode-step bindings, one CUDA graph each
+    stream_priorities = False   # CUDA: decoder on a high-priority stream, vision on a low one (ort_options)
 
     def __init__(self, path: Path, art: Artifact, device: str = "cpu", threads: int | None = None,
                  cuda_graph: bool | None = None):
@@ -142,11 +143,18 @@ class OrtSession:
                                f"(providers: {ort.get_available_providers()}); pip install 'edgeocr[cuda]'")
         # TF32 off for FP32 artifacts (exact numerics), the arena grown by what is asked, no maximal cuDNN
         # workspace: edgeocr.ort_options
-        from edgeocr.ort_options import cuda_provider_options
+        from edgeocr.ort_options import cuda_provider_options, priority_stream_options, stream_priorities_wanted
         cuda = cuda_provider_options(self.art.precision)
-        providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+        vision_cuda, dec_cuda = cuda, cuda
+        self.stream_priorities = stream_priorities_wanted()
+        if self.stream_priorities:        # vision on a low-priority stream, decoder on a high one (ort_options)
+            from edgeocr.backends import cudart
+            v, d = priority_stream_options(cudart.load())
+            vision_cuda, dec_cuda = {**cuda, **v}, {**cuda, **d}
+        providers = [("CUDAExecutionProvider", vision_cuda), "CPUExecutionProvider"]
+        dec_providers = [("CUDAExecutionProvider", dec_cuda), "CPUExecutionProvider"]
         if not self.cuda_graph:
-            return providers, providers
+            return providers, dec_providers
         # the decode step is captured once and replayed (gpu_graph_id 1, and 2.. for further step bindings);
         # prefill runs outside it (-1)
         self._ro_prefill, self._ro_steps = ort.RunOptions(), [ort.RunOptions() for _ in range(self.step_graphs)]
@@ -154,7 +162,7 @@ class OrtSession:
         for i, ro in enumerate(self._ro_steps):
             ro.add_run_config_entry("gpu_graph_id", str(i + 1))
         self._ro_step = self._ro_steps[0]
-        return providers, [("CUDAExecutionProvider", {**cuda, "enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+        return providers, [("CUDAExecutionProvider", {**dec_cuda, "enable_cuda_graph": "1"}), "CPUExecutionProvider"]
 
     def _alloc(self) -> None:
         """Every buffer the session uses, once.  N = slots, P = prefill_len, D = head_dim, V = vocab."""
