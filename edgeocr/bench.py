@@ -357,6 +357,7 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
             "step_ms_mean": statistics.mean(steps), "admit_ms_mean": statistics.mean(admit_ms),
             "vision_ahead": sched.sched.vision_ahead,
             "stream_priorities": bool(getattr(model.session, "stream_priorities", False)),
+            "prefill_beside": sched.sched.prefill_beside,
             "vision_ms_mean": statistics.mean(vision),
             "prefill_ms_mean": statistics.mean(prefill),
             "kv_cache_mib": m.kv.bytes / 2**20, "kv_mib_per_slot": m.kv.bytes / m.slots / 2**20,
@@ -400,7 +401,9 @@ def format_pages(r: dict, hf: dict | None = None) -> str:
              f"per page: vision {r['vision_ms_mean']:.1f} ms "
              f"({'on the worker thread while the other slots decode' if r['vision_ahead'] else 'the other slots wait'}"
              f"{', vision stream low priority, decoder high' if r.get('stream_priorities') else ''}), "
-             f"prefill {r['prefill_ms_mean']:.1f} ms (the other slots wait); KV cache {r['kv_cache_mib']:.0f} MiB "
+             f"prefill {r['prefill_ms_mean']:.1f} ms "
+             f"({'beside the step, on the worker' if r.get('prefill_beside') else 'the other slots wait'}); "
+             f"KV cache {r['kv_cache_mib']:.0f} MiB "
              f"({r['kv_mib_per_slot']:.0f} MiB per slot)"]
     if hf:
         lines.append(f"transformers generate ({hf['dtype']}, {hf['attn']}, batch {hf['batch']}): "

@@ -170,14 +170,18 @@ class OCRModel:
         for i, (_, fut) in enumerate(self.workers.ahead(images, make, depth=self.slots)):
             yield i, fut.result()
 
-    def scheduler(self, deltas: bool = False, vision_ahead: bool | None = None) -> SlotScheduler:
+    def scheduler(self, deltas: bool = False, vision_ahead: bool | None = None,
+                  prefill_beside: bool | None = None) -> SlotScheduler:
         """A scheduler over this model's session and pieces (one in use at a time: they share the KV cache).
         vision_ahead: a page's vision runs on a worker thread while the other slots decode (None: the model's
-        own setting, else the EDGEOCR_VISION_AHEAD environment variable, off when unset; edgeocr.slots)."""
+        own setting, else the EDGEOCR_VISION_AHEAD environment variable, off when unset; edgeocr.slots).
+        prefill_beside: with vision ahead, its prefill too, on a second decoder session (None: the
+        EDGEOCR_PREFILL_BESIDE environment variable where the artifact allows it, else off)."""
         if vision_ahead is None:
             vision_ahead = self.vision_ahead
         return SlotScheduler(self.session, self.preparer, self.tokenizer, self.results,
-                             (self.table_cos, self.table_sin), deltas=deltas, vision_ahead=vision_ahead)
+                             (self.table_cos, self.table_sin), deltas=deltas, vision_ahead=vision_ahead,
+                             prefill_beside=prefill_beside)
 
     # ------------------------------------------------------------------ API
     def _one(self, page_args: tuple, stop_check: Callable[[], bool] | None, deltas: bool) -> Iterator[SlotEvent]:

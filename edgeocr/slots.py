@@ -15,6 +15,11 @@ wait for the page's vision and prefill.  Either way, each page's tokens are thos
 alone on the same artifact: slots never read each other's rows, and a step's math for one row does not
 depend on the other rows.
 
+Prefill beside (`prefill_beside`, with vision ahead; EDGEOCR_PREFILL_BESIDE=1 where the session can): the
+worker runs the page's prefill too, on a second decoder session bound to the same cache
+(OrtSession.open_prefill_beside), so no admission pauses the other slots.  Meanwhile the step gives that slot
+the cache's last row, which no prompt reaches, so the two never write the same row.
+
 `drive` is the one loop over a scheduler (admit while slots are free, step, repeat): OCRModel.recognize,
 stream and recognize_many, `edgeocr run` and the daemon's engine all run through it.
 """
@@ -108,12 +113,14 @@ class SlotScheduler:
     the RoPE rows of generated tokens).  Not thread-safe: one thread drives a scheduler."""
 
     def __init__(self, session, preparer: Preparer, tokenizer, results: Callable, text_rope: tuple,
-                 deltas: bool = False, selection: Selection | None = None, vision_ahead: bool | None = None):
+                 deltas: bool = False, selection: Selection | None = None, vision_ahead: bool | None = None,
+                 prefill_beside: bool | None = None):
         self.session, self.preparer, self.tokenizer, self.results = session, preparer, tokenizer, results
         self.selection = selection if selection is not None else session.selection()
         if vision_ahead is None:          # off: on the H200 it did not beat waiting admission (docs/batching.md)
-            vision_ahead = os.environ.get(VISION_AHEAD_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+            vision_ahead = _env_on(VISION_AHEAD_ENV)
         self.vision_ahead = vision_ahead
+        self.prefill_beside = self._want_prefill_beside(prefill_beside)
         self._vision = vision_worker(session)              # one per session: visions run in admission order
         self._steps = 0                   # decode steps run: the first QUIET_STEPS run with vision idle
         self.failed: list[tuple[object, Exception]] = []   # (tag, error) of pages whose vision failed (drive)
@@ -128,6 +135,29 @@ class SlotScheduler:
         self._live = np.zeros((n,), bool)                  # [N]
         self._next = np.zeros((n,), np.int64)              # [N] selected tokens
         self._pending: list[SlotEvent] = []                # first tokens of pages admitted since the last step
+
+    def _want_prefill_beside(self, asked: bool | None) -> bool:
+        """Prefill beside (module doc): asked, or EDGEOCR_PREFILL_BESIDE=1 (then only where it can run)."""
+        from_env = asked is None
+        if from_env:
+            asked = _env_on(PREFILL_BESIDE_ENV)
+        if not asked:
+            return False
+        if not self.vision_ahead:
+            why = "it needs vision ahead"
+        elif not getattr(self.session, "prefill_beside_ok", False):
+            why = f"the {type(self.session).__name__} cannot run a prefill beside its step"
+        elif not hasattr(self.selection, "first_beside"):
+            why = "its token selection is not the decoder graph's (export with --select-on-device)"
+        else:
+            why = ""
+        if why:
+            if from_env:
+                log.debug("%s=1 ignored for this scheduler: %s", PREFILL_BESIDE_ENV, why)
+                return False
+            raise ValueError(f"prefill beside the step: {why}")
+        self.session.open_prefill_beside()
+        return True
 
     # ------------------------------------------------------------ the seam
     def free(self) -> int:
@@ -164,6 +194,10 @@ class SlotScheduler:
         seq = Sequence(prompt_ids=page.prompt.ids, options=page.options, stop_ids=page.stop_ids,
                        penalty=page.penalty, next_check=page.options.tail_min_chars)
         held = _Slot(tag, seq, page.prep, page.task, 0.0, t_admit, page=page)
+        if self.prefill_beside:           # vision and prefill on the worker; the step decodes the others
+            held.vision = self._vision.submit(self._encode_and_prefill, page, slot)
+            self.pages[slot] = held       # its first token reported by a later step(), once both are done
+            return
         if self.vision_ahead:
             held.vision = self._vision.submit(self._encode, page.prep, slot)
             self.pages[slot] = held       # prefilled by a later step(), once its vision is done
@@ -179,14 +213,28 @@ class SlotScheduler:
         self.session.encode_image(self.preparer.pixels(prep), slot)
         return (time.perf_counter() - t0) * 1e3
 
+    def _encode_and_prefill(self, page: Page, slot: int) -> tuple[float, float, int, float]:
+        """Prefill beside, on the worker: the page's vision, then its prefill on the session's second decoder
+        session.  Returns (vision ms, prefill ms, first token, perf_counter when it was chosen)."""
+        vision_ms = self._encode(page.prep, slot)
+        t0 = time.perf_counter()
+        tok = self.selection.first_beside(slot, page.prompt.ids, page.penalty, page.prompt.cos, page.prompt.sin)
+        t1 = time.perf_counter()
+        return vision_ms, (t1 - t0) * 1e3, tok, t1
+
     def _prefill(self, slot: int, held: _Slot, events: list[SlotEvent]) -> None:
         """Prefill `held`'s prompt into `slot` (its image is in the slot's buffer) and emit its first token."""
         page, seq = held.page, held.seq
         t_prefill = time.perf_counter()
         tok = self.selection.first(slot, seq.prompt_ids, seq.penalty, page.prompt.cos, page.prompt.sin)
-        seq.prefill_ms = (time.perf_counter() - t_prefill) * 1e3
-        held.t_first, held.page = time.perf_counter(), None
-        seq.first_token_ms = (held.t_first - held.t_admit) * 1e3
+        t_first = time.perf_counter()
+        seq.prefill_ms = (t_first - t_prefill) * 1e3
+        self._started(held, tok, t_first, events)
+
+    def _started(self, held: _Slot, tok: int, t_first: float, events: list[SlotEvent]) -> None:
+        """A prefilled page: its first token `tok`, chosen at `t_first`, joins the decoding slots."""
+        held.t_first, held.page = t_first, None
+        held.seq.first_token_ms = (t_first - held.t_admit) * 1e3
         self._emit(held, tok, events)
 
     def _start_ready(self, events: list[SlotEvent]) -> None:
@@ -209,6 +257,11 @@ class SlotScheduler:
             if not held.vision.done():
                 continue
             try:
+                if self.prefill_beside:           # prefilled on the worker too: its first token is ready
+                    held.vision_ms, held.seq.prefill_ms, tok, t_first = held.vision.result()
+                    held.vision = None
+                    self._started(held, tok, t_first, events)
+                    continue
                 held.vision_ms = held.vision.result()
                 held.vision = None
                 self._prefill(i, held, events)
@@ -232,6 +285,8 @@ class SlotScheduler:
         for i, p in enumerate(self.pages):
             if live[i]:
                 self._tokens[i], self._pos[i] = p.seq.tokens[-1], p.seq.next_pos
+            elif self.prefill_beside and p is not None:   # being prefilled beside this step (rows [0, S)): its
+                self._tokens[i], self._pos[i] = 0, self.session.cache_len - 1   # row is the last, no prompt's
             else:                                 # idle, or its vision still running: row 0, rewritten by its prefill
                 self._tokens[i], self._pos[i] = 0, 0
         np.take(self.table_cos, self._pos, axis=0, out=self._cos)   # gathered into the buffers: no allocation
@@ -298,6 +353,11 @@ _END = object()
 # vision in flight.
 QUIET_STEPS = 3
 VISION_AHEAD_ENV = "EDGEOCR_VISION_AHEAD"     # "1": schedulers run vision ahead unless told otherwise
+PREFILL_BESIDE_ENV = "EDGEOCR_PREFILL_BESIDE"  # "1": with vision ahead, prefills run beside the step too
+
+
+def _env_on(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class VisionWorker:

@@ -4,7 +4,8 @@
 # selection (CUDA graph on), the same graphs with 1, 4, 8 and 16 slots (`python -m quantize reslot`; the
 # decoder graph takes any batch), fused for CUDA unless FUSE=0 (scripts/gpu_realsize.sh), PAGES distinct 1024x1024 pages x TOKENS new tokens each through
 # `edgeocr bench --pages` (each page's vision ahead on a worker thread; 8 slots also with vision ahead
-# off, and with vision ahead on prioritized CUDA streams: EDGEOCR_STREAM_PRIORITIES=1), against transformers'
+# off, with vision ahead on prioritized CUDA streams: EDGEOCR_STREAM_PRIORITIES=1, and with each page's prefill
+# beside the step too, EDGEOCR_PREFILL_BESIDE=1, with and without the priorities), against transformers'
 # batched generate (bf16, sdpa) at the same batch sizes on 2 x batch pages (at least 4; PEER=0: no
 # transformers, `edgeocr bench` alone, a one-slot run without vision ahead).  JSON and a log under $OUT.
 set -uo pipefail
@@ -32,7 +33,9 @@ done
 # the same 8 slots with every page's vision run while the other slots wait (vision ahead off), same run
 if [[ " $SLOTS " == *" 8 "* ]]; then
   realsize_slots 8 || exit 1
-  bench slots_8_vision_waits --vision-ahead off
+  EDGEOCR_PREFILL_BESIDE=1 EDGEOCR_STREAM_PRIORITIES=1 bench slots_8_prefill_beside_priorities --vision-ahead on
+  EDGEOCR_PREFILL_BESIDE=1 bench slots_8_prefill_beside --vision-ahead on
   EDGEOCR_STREAM_PRIORITIES=1 bench slots_8_stream_priorities --vision-ahead on
+  bench slots_8_vision_waits --vision-ahead off
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/slots_bench.log"

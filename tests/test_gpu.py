@@ -138,6 +138,13 @@ def test_demo_slots_on_cuda_graph(tmp_path, monkeypatch):
     ahead = dict(m.recognize_many([p.path for p in pages], task="structured_parse", options=o))
     assert [ahead[i].token_ids for i in range(10)] == [r.token_ids for r in alone]
     assert len({r.generated_tokens for r in alone}) > 3
+    for env in ({"EDGEOCR_PREFILL_BESIDE": "1"}, {"EDGEOCR_PREFILL_BESIDE": "1", "EDGEOCR_STREAM_PRIORITIES": "1"}):
+        for k, v in env.items():         # prefill beside the step (a second decoder session), and on prioritized
+            monkeypatch.setenv(k, v)     # streams (a new model: the streams are chosen when the sessions load)
+        mb = OCRModel(art, device="cuda")
+        assert mb.scheduler().prefill_beside
+        beside = dict(mb.recognize_many([p.path for p in pages], task="structured_parse", options=o))
+        assert [beside[i].token_ids for i in range(10)] == [r.token_ids for r in alone], env
 
 
 def test_demo_step_state_on_cuda_graphs(tmp_path, monkeypatch):

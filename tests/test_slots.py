@@ -417,3 +417,113 @@ def test_vision_ahead_knobs(slot_arts, tmp_path, monkeypatch):
     assert ServerConfig().vision_ahead is False and "--vision-ahead" in ap.format_help()
     cfg = resolve(ap.parse_args([str(slot_arts["masked"])]), {"EDGEOCR_VISION_AHEAD": "true"})
     assert cfg.vision_ahead is True
+
+
+def _slow_beside_prefill(model, delay):
+    """Make the session's prefills beside the step take `delay` s longer; returns their (start, end) spans and
+    the step start times."""
+    import time
+    s = model.session
+    spans, steps = [], []
+    real_prefill, real_step = s._prefill, s._step
+
+    def prefill(slot, ids, cos, sin, beside=False):
+        t0 = time.perf_counter()
+        real_prefill(slot, ids, cos, sin, beside=beside)
+        if beside:                        # after the rows are written: the steps meanwhile must leave them be
+            time.sleep(delay)
+            spans.append((t0, time.perf_counter()))
+
+    def step(*a):
+        steps.append(time.perf_counter())
+        return real_step(*a)
+    s._prefill, s._step = prefill, step
+    return spans, steps
+
+
+def test_prefill_beside_gives_each_page_its_tokens_alone(slot_arts):
+    """Vision and prefill on the worker, the prefill on a second decoder session bound to the same cache while
+    the step decodes the other slots: 7 pages through 3 slots get exactly the tokens they get alone; the
+    prefills really ran during decode steps (slowed by 0.15 s each), and only on the second session."""
+    model = OCRModel(slot_arts["gqa-select"])
+    opts = [DecodeOptions(max_new_tokens=24 + 9 * i, repetition_penalty=1.3, ignore_stop=True,
+                          tail_repetition_stop=False) for i in range(7)]      # pages leave their slots one by one
+    pages = _pages(7)
+    alone = [model.recognize(p, task="spotting", options=o).token_ids for p, o in zip(pages, opts)]
+    sched = model.scheduler(vision_ahead=True, prefill_beside=True)
+    assert sched.prefill_beside and model.session.prefill_decoder is not None
+    assert not model.scheduler(vision_ahead=True).prefill_beside            # off unless asked
+    spans, steps = _slow_beside_prefill(model, 0.15)
+    done = _run(sched, [(i, model.page(p, task="spotting", options=o)) for i, (p, o) in enumerate(zip(pages, opts))])
+    assert [done[i].token_ids for i in range(7)] == alone
+    assert len(spans) == 7 and all(done[i].timings_ms["prefill"] >= 150 for i in range(7))
+    # the first three are prefilled before the first steps (no other CUDA work while a graph may be captured);
+    # each later one while the pages still in their slots step
+    overlapped = sum(any(a < t < b for t in steps) for a, b in spans[3:])
+    assert overlapped >= 3, f"only {overlapped} of the 4 later prefills ran while the other slots stepped"
+
+
+def test_prefill_beside_cancel_and_failure(slot_arts):
+    """A page cancelled while its prefill runs beside the step frees its slot, and the next page in that slot
+    gets its own tokens; a prefill that fails is that page's admission error alone."""
+    model = OCRModel(slot_arts["gqa-select"])
+    opts = DecodeOptions(max_new_tokens=8)
+    a, b, c, d = _pages(4)
+    alone = {k: model.recognize(p, options=opts).token_ids for k, p in zip("acd", (a, c, d))}
+    _slow_beside_prefill(model, 0.3)
+    sched = model.scheduler(vision_ahead=True, prefill_beside=True)
+    sched.admit(model.page(a, options=opts), "a")
+    sched.step()                                          # a decoding
+    sched.admit(model.page(b, options=opts), "b")
+    res = sched.cancel("b")
+    assert res.finish_reason == "cancelled" and res.generated_tokens == 0 and sched.free() == 2
+    sched.admit(model.page(c, options=opts), "c")         # its vision and prefill queue behind b's
+    got = {}
+    while sched.live():
+        got.update((ev.tag, ev.result) for ev in sched.step() if ev.result is not None)
+    assert sorted(got) == ["a", "c"] and got["a"].token_ids == alone["a"] and got["c"].token_ids == alone["c"]
+
+    real = model.session._prefill
+
+    def failing(slot, ids, cos, sin, beside=False):
+        if beside and slot == 1:
+            raise RuntimeError("prefill failed on purpose")
+        real(slot, ids, cos, sin, beside=beside)
+    model.session._prefill = failing
+    errors = []
+    done = _run(model.scheduler(vision_ahead=True, prefill_beside=True),
+                [("a", model.page(a, options=opts)), ("x", model.page(b, options=opts)),
+                 ("d", model.page(d, options=opts))], lambda tag, e: errors.append((tag, str(e))))
+    assert errors == [("x", "prefill failed on purpose")]
+    assert done["a"].token_ids == alone["a"] and done["d"].token_ids == alone["d"]
+
+
+def test_prefill_beside_is_refused_where_it_cannot_run(slot_arts, monkeypatch):
+    """Asked for explicitly, prefill beside names why it cannot run (no vision ahead, host selection, step-state or
+    masked decoders); from EDGEOCR_PREFILL_BESIDE=1 it is simply off there, and on where it can run."""
+    from edgeocr.slots import PREFILL_BESIDE_ENV
+    sel = OCRModel(slot_arts["gqa-select"])
+    with pytest.raises(ValueError, match="needs vision ahead"):
+        sel.scheduler(vision_ahead=False, prefill_beside=True)
+    with pytest.raises(ValueError, match="token selection"):
+        OCRModel(slot_arts["gqa"]).scheduler(vision_ahead=True, prefill_beside=True)
+    with pytest.raises(ValueError, match="MaskedSession cannot"):
+        OCRModel(slot_arts["masked-select"]).scheduler(vision_ahead=True, prefill_beside=True)
+    monkeypatch.setenv(PREFILL_BESIDE_ENV, "1")
+    assert not OCRModel(slot_arts["gqa"]).scheduler(vision_ahead=True).prefill_beside
+    assert sel.scheduler(vision_ahead=True).prefill_beside and not sel.scheduler().prefill_beside
+
+
+def test_prefill_beside_from_the_environment_with_vision_ahead(slot_arts, monkeypatch):
+    """EDGEOCR_VISION_AHEAD=1 and EDGEOCR_PREFILL_BESIDE=1: the model's schedulers (run, the daemon,
+    recognize_many) prefill beside the step, and recognize_many gives each page its tokens alone."""
+    from edgeocr.slots import PREFILL_BESIDE_ENV, VISION_AHEAD_ENV
+    model = OCRModel(slot_arts["gqa-select"])
+    opts = DecodeOptions(max_new_tokens=12)
+    pages = _pages(5)
+    alone = [model.recognize(p, options=opts).token_ids for p in pages]
+    monkeypatch.setenv(VISION_AHEAD_ENV, "1")
+    monkeypatch.setenv(PREFILL_BESIDE_ENV, "1")
+    assert model.scheduler().prefill_beside and not model.scheduler(vision_ahead=False).prefill_beside
+    many = dict(model.recognize_many(pages, options=opts))
+    assert [many[i].token_ids for i in range(5)] == alone

@@ -75,6 +75,7 @@ class OrtSession:
     inplace = False             # the graph updates the cache itself
     step_graphs = 1             # decode-step bindings, one CUDA graph each
     stream_priorities = False   # CUDA: decoder on a high-priority stream, vision on a low one (ort_options)
+    prefill_beside_ok = False   # the flavour can prefill a slot on a second decoder session beside the step
 
     def __init__(self, path: Path, art: Artifact, device: str = "cpu", threads: int | None = None,
                  cuda_graph: bool | None = None):
@@ -104,6 +105,9 @@ class OrtSession:
             from edgeocr.ort_options import cpu_session_config
             for key, value in cpu_session_config().items():
                 so.add_session_config_entry(key, value)
+        # what a second decoder session for prefills beside the step needs (open_prefill_beside)
+        self._path, self._so, self._pf_providers = path, so, providers
+        self.prefill_decoder = None
         try:
             self.vision = ort.InferenceSession(str(path / art.vision.file), so, providers=providers)
             self.decoder = ort.InferenceSession(str(path / art.decoder.file), so, providers=dec_providers)
@@ -263,13 +267,39 @@ class OrtSession:
         image = self.images[slot]
         return self.mem.read(image, np.zeros(image.shape, image.dtype))
 
-    def _prefill(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+    def open_prefill_beside(self) -> None:
+        """A second decoder session for prefills that run on another thread while this session's step decodes
+        the other slots (edgeocr.slots, prefill beside): no CUDA graph, on CUDA the vision session's stream
+        settings (its own stream; the low-priority one with EDGEOCR_STREAM_PRIORITIES), bound to the same KV
+        cache, image and selection buffers, with logits of its own.  It holds a second copy of the decoder's
+        weights.  Safe because a prefill writes rows [0, S) of a slot the step does not decode, and the step
+        writes that slot's row at the cache's last row meanwhile (SlotScheduler), which no prompt reaches."""
+        if self.prefill_decoder is not None:
+            return
+        if not (self.prefill_beside_ok and self._graph_select):
+            raise BackendError(f"this artifact's decoder ({self.attention} attention, selection "
+                               f"{'in graph' if self._graph_select else 'on the host'}"
+                               f"{', step state' if self.step_graphs > 1 else ''}) cannot prefill beside the step: "
+                               "that needs --attention gqa --select-on-device without --step-state")
+        try:
+            self.prefill_decoder = self._ort.InferenceSession(str(self._path / self.art.decoder.file), self._so,
+                                                              providers=self._pf_providers)
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise BackendError(f"ONNX Runtime could not load a second decoder session: {e}") from None
+        self.pf_logits = self.mem.alloc((1, self.vocab_size), np.float32)
+
+    def _prefill(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+                 beside: bool = False) -> None:
+        """beside: on the second decoder session (open_prefill_beside), from another thread than the step's."""
         if not 0 <= slot < self.slots:
             raise IndexError(f"slot {slot} outside [0, {self.slots})")
         s = int(input_ids.shape[0])
         if s > self.prefill_len:
             raise ValueError(f"prompt of {s} tokens is longer than this artifact's prefill_len {self.prefill_len}")
-        mem, b = self.mem, self.decoder.io_binding()
+        decoder = self.prefill_decoder if beside else self.decoder
+        if decoder is None:
+            raise BackendError("prefill beside the step before open_prefill_beside()")
+        mem, b = self.mem, decoder.io_binding()
         mem.write(self.pf_ids, input_ids)
         mem.write(self.pf_cos, cos)
         mem.write(self.pf_sin, sin)
@@ -281,11 +311,12 @@ class OrtSession:
         self._bind(b, "sin", self.pf_sin, [1, s, self.head_dim])
         self._bind(b, self._len_name, self.pf_len)
         self._bind_caches(b, slot)
-        self._bind(b, "logits", self.logits, [1, self.vocab_size], index=0, output=True)
+        self._bind(b, "logits", self.pf_logits if beside else self.logits, [1, self.vocab_size], index=0,
+                   output=True)
         if self._graph_select:
             self._bind_prefill_select(b, slot)
         self._bind_prefill_flavour(b, s)
-        self.decoder.run_with_iobinding(b, self._ro_prefill if self.cuda_graph else None)
+        decoder.run_with_iobinding(b, self._ro_prefill if self.cuda_graph and not beside else None)
         self._after_prefill(slot, s)
 
     def prefill(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -407,6 +438,7 @@ class GqaSession(OrtSession):
 
     attention = "gqa"
     inplace = True
+    prefill_beside_ok = True
     _len_name, _len_dtype = "seqlens_k", np.int32          # total length - 1, per sequence
 
     def _alloc_flavour(self) -> None:
@@ -451,6 +483,15 @@ class OrtGraphSelection:
         s = self.s
         s._start_selection(s.seen, slot, prompt_ids, penalty)
         s._prefill(slot, prompt_ids, cos, sin)
+        return int(s.mem.read(s.pf_next, s.first_tokens)[0])
+
+    def first_beside(self, slot: int, prompt_ids: np.ndarray, penalty: float, cos: np.ndarray,
+                     sin: np.ndarray) -> int:
+        """`first` with the prefill on the session's second decoder session (OrtSession.open_prefill_beside),
+        called from the vision worker while the step decodes the other slots (edgeocr.slots, prefill beside)."""
+        s = self.s
+        s._start_selection(s.seen, slot, prompt_ids, penalty)
+        s._prefill(slot, prompt_ids, cos, sin, beside=True)
         return int(s.mem.read(s.pf_next, s.first_tokens)[0])
 
     def next(self, tokens: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray, live: np.ndarray,

@@ -39,6 +39,7 @@ class StepStateSession(GqaSession):
     """GqaSession over a step-state decoder (see module doc); selection() is StepStateSelection."""
 
     step_graphs = 2                       # bindings A->B and B->A
+    prefill_beside_ok = False             # the prefill writes the step state the next step reads
     _len_name, _len_dtype = "positions", np.int64      # the prefill binds its last row, S - 1
 
     @property
