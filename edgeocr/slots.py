@@ -18,7 +18,8 @@ depend on the other rows.
 Prefill beside (`prefill_beside`, with vision ahead; EDGEOCR_PREFILL_BESIDE=1 where the session can): the
 worker runs the page's prefill too, on a second decoder session bound to the same cache
 (OrtSession.open_prefill_beside), so no admission pauses the other slots.  Meanwhile the step gives that slot
-the cache's last row, which no prompt reaches, so the two never write the same row.
+row S, just past its prompt's rows [0, S), which the page's own first step rewrites before reading it, so the
+two never write the same row.
 
 `drive` is the one loop over a scheduler (admit while slots are free, step, repeat): OCRModel.recognize,
 stream and recognize_many, `edgeocr run` and the daemon's engine all run through it.
@@ -156,7 +157,13 @@ class SlotScheduler:
                 log.debug("%s=1 ignored for this scheduler: %s", PREFILL_BESIDE_ENV, why)
                 return False
             raise ValueError(f"prefill beside the step: {why}")
-        self.session.open_prefill_beside()
+        try:
+            self.session.open_prefill_beside()
+        except Exception as e:            # e.g. no device memory for the second decoder session
+            if not from_env:
+                raise
+            log.warning("%s=1 ignored: %s", PREFILL_BESIDE_ENV, e)
+            return False
         return True
 
     # ------------------------------------------------------------ the seam
@@ -286,7 +293,8 @@ class SlotScheduler:
             if live[i]:
                 self._tokens[i], self._pos[i] = p.seq.tokens[-1], p.seq.next_pos
             elif self.prefill_beside and p is not None:   # being prefilled beside this step (rows [0, S)): its
-                self._tokens[i], self._pos[i] = 0, self.session.cache_len - 1   # row is the last, no prompt's
+                self._tokens[i], self._pos[i] = 0, len(p.seq.prompt_ids)      # row is S, which its first step
+                #                                   rewrites before reading it (and attention reads S + 1 rows)
             else:                                 # idle, or its vision still running: row 0, rewritten by its prefill
                 self._tokens[i], self._pos[i] = 0, 0
         np.take(self.table_cos, self._pos, axis=0, out=self._cos)   # gathered into the buffers: no allocation

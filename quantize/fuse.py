@@ -47,7 +47,8 @@ from edgeocr.errors import EdgeOCRError
 
 log = logging.getLogger("edgeocr.quantize")
 
-FUSION_VERSION = 2            # 2: rope and gate_up passes, no SwiGLU (ORT 1.31 CUDA lacks it)
+FUSION_VERSION = 3            # 2: rope and gate_up passes, no SwiGLU (ORT 1.31 CUDA lacks it); 3: packed-QKV
+                              # reshapes keep the batch (2 ran one slot only)
 TARGETS = ("portable", "cuda")
 MS = "com.microsoft"
 _FLOAT, _FLOAT16 = 1, 10            # onnx.TensorProto element types

@@ -209,7 +209,7 @@ def test_fused_artifact_gives_identical_tokens(fast, which):
 def test_manifest_records_the_fusions(fast):
     m = read_manifest(fast["a16-cuda"])
     f = m.export["fusion"]
-    assert f["target"] == "cuda" and f["version"] == 2 and m.precision == "fp16"
+    assert f["target"] == "cuda" and f["version"] == 3 and m.precision == "fp16"
     passes = f["graphs"]["decoder"]["passes"]
     assert passes["gqa_qk_norm"] == 2 and passes["rope"] == 2 and passes["gate_up"] == 2 and "swiglu" not in passes
     assert f["graphs"]["decoder"]["nodes_after"] < f["graphs"]["decoder"]["nodes_before"]
@@ -297,3 +297,21 @@ def test_fuse_reads_a_reslotted_artifact(fast, tmp_path):
     feeds = _decoder_feeds(da, rng, rng.standard_normal((5, da.get_inputs()[1].shape[1])).astype(np.float32))
     for x, y in zip(da.run(None, feeds), db.run([o.name for o in da.get_outputs()], feeds)):
         assert np.abs(x.astype(np.float64) - y).max() <= LOGIT_TOL
+
+
+def test_an_older_cuda_fusion_with_slots_is_refused(fast, tmp_path):
+    """A CUDA-fused artifact from fusion version 2 (its packed-QKV reshapes assumed batch 1) with several slots
+    is refused at load with what to do, instead of failing in its first decode step."""
+    import json
+    import shutil
+
+    from edgeocr.errors import ArtifactError
+    from edgeocr.model import OCRModel
+    art = tmp_path / "old"
+    shutil.copytree(fast["a-cuda"], art)
+    raw = json.loads((art / "manifest.json").read_text())
+    raw["kv_cache"]["slots"] = 3
+    raw["export"]["fusion"]["version"] = 2
+    (art / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(ArtifactError, match="fuse the exported artifact again"):
+        OCRModel(art)

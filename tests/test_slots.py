@@ -527,3 +527,28 @@ def test_prefill_beside_from_the_environment_with_vision_ahead(slot_arts, monkey
     assert model.scheduler().prefill_beside and not model.scheduler(vision_ahead=False).prefill_beside
     many = dict(model.recognize_many(pages, options=opts))
     assert [many[i].token_ids for i in range(5)] == alone
+
+
+def test_prefill_beside_guards(slot_arts, monkeypatch):
+    """A prompt that fills the cache is refused before a prefill beside the step (row S is the step's for that
+    slot); a second decoder session that cannot load turns EDGEOCR_PREFILL_BESIDE=1 off with a warning, and an
+    explicit request fails with the error."""
+    from edgeocr.errors import BackendError
+    from edgeocr.slots import PREFILL_BESIDE_ENV
+    model = OCRModel(slot_arts["gqa-select"])
+    s = model.session
+    s.open_prefill_beside()
+    ids = np.zeros((s.cache_len,), np.int64)
+    rows = np.zeros((s.cache_len, s.head_dim), np.float32)
+    monkeypatch.setattr(s, "prefill_len", s.cache_len)    # an artifact whose prefill could fill its cache
+    with pytest.raises(ValueError, match="no room"):
+        s._prefill(0, ids, rows, rows, beside=True)
+    other = OCRModel(slot_arts["gqa-select"])
+
+    def cannot():
+        raise BackendError("out of device memory on purpose")
+    other.session.open_prefill_beside = cannot
+    monkeypatch.setenv(PREFILL_BESIDE_ENV, "1")
+    assert not other.scheduler(vision_ahead=True).prefill_beside
+    with pytest.raises(BackendError, match="on purpose"):
+        other.scheduler(vision_ahead=True, prefill_beside=True)

@@ -131,7 +131,11 @@ class OrtSession:
         return bool(cuda_graph)
 
     def _providers(self, ort, device: str):
-        if self.art.export.get("fusion", {}).get("cuda_only_ops") and device != "cuda":
+        fusion = self.art.export.get("fusion", {})
+        if fusion.get("target") == "cuda" and fusion.get("version", 0) < 3 and self.slots > 1:
+            raise ArtifactError("this artifact was fused for CUDA by an older `quantize fuse` whose decoder runs one "
+                                f"slot only (it has {self.slots}): fuse the exported artifact again")
+        if fusion.get("cuda_only_ops") and device != "cuda":
             raise BackendError("this artifact was fused for ONNX Runtime's CUDA provider; fuse the exported "
                                "artifact with `python -m quantize fuse --target portable` to run it here")
         if device == "cpu":
@@ -273,7 +277,8 @@ class OrtSession:
         settings (its own stream; the low-priority one with EDGEOCR_STREAM_PRIORITIES), bound to the same KV
         cache, image and selection buffers, with logits of its own.  It holds a second copy of the decoder's
         weights.  Safe because a prefill writes rows [0, S) of a slot the step does not decode, and the step
-        writes that slot's row at the cache's last row meanwhile (SlotScheduler), which no prompt reaches."""
+        writes that slot's row S meanwhile (SlotScheduler), which the page's own first step writes before it
+        reads it."""
         if self.prefill_decoder is not None:
             return
         if not (self.prefill_beside_ok and self._graph_select):
@@ -296,6 +301,8 @@ class OrtSession:
         s = int(input_ids.shape[0])
         if s > self.prefill_len:
             raise ValueError(f"prompt of {s} tokens is longer than this artifact's prefill_len {self.prefill_len}")
+        if s >= self.cache_len:           # beside the step, row S is the one the step writes for this slot
+            raise ValueError(f"prompt of {s} tokens leaves no room in this artifact's {self.cache_len}-row KV cache")
         decoder = self.prefill_decoder if beside else self.decoder
         if decoder is None:
             raise BackendError("prefill beside the step before open_prefill_beside()")
