@@ -419,9 +419,9 @@ def test_vision_ahead_knobs(slot_arts, tmp_path, monkeypatch):
     assert cfg.vision_ahead is True
 
 
-def _slow_beside_prefill(model, delay):
-    """Make the session's prefills beside the step take `delay` s longer; returns their (start, end) spans and
-    the step start times."""
+def _slow_beside_prefill(model, delay, step_delay=0.0):
+    """Make the session's prefills beside the step take `delay` s longer (and each step `step_delay` s);
+    returns the prefills' (start, end) spans and the step start times."""
     import time
     s = model.session
     spans, steps = [], []
@@ -436,6 +436,7 @@ def _slow_beside_prefill(model, delay):
 
     def step(*a):
         steps.append(time.perf_counter())
+        time.sleep(step_delay)
         return real_step(*a)
     s._prefill, s._step = prefill, step
     return spans, steps
@@ -453,7 +454,8 @@ def test_prefill_beside_gives_each_page_its_tokens_alone(slot_arts):
     sched = model.scheduler(vision_ahead=True, prefill_beside=True)
     assert sched.prefill_beside and model.session.prefill_decoder is not None
     assert not model.scheduler(vision_ahead=True).prefill_beside            # off unless asked
-    spans, steps = _slow_beside_prefill(model, 0.15)
+    # steps of at least 10 ms: a page then decodes longer than a slowed prefill takes, however fast the machine
+    spans, steps = _slow_beside_prefill(model, 0.15, step_delay=0.01)
     done = _run(sched, [(i, model.page(p, task="spotting", options=o)) for i, (p, o) in enumerate(zip(pages, opts))])
     assert [done[i].token_ids for i in range(7)] == alone
     assert len(spans) == 7 and all(done[i].timings_ms["prefill"] >= 150 for i in range(7))
