@@ -40,6 +40,7 @@ import numpy as np
 
 from edgeocr import decode
 from edgeocr.decode import DecodeOptions, FinishReason, Sequence
+from edgeocr.errors import BackendError
 from edgeocr.prepare import Prepared, Preparer
 from edgeocr.selection import Selection
 
@@ -159,7 +160,7 @@ class SlotScheduler:
             raise ValueError(f"prefill beside the step: {why}")
         try:
             self.session.open_prefill_beside()
-        except Exception as e:            # e.g. no device memory for the second decoder session
+        except BackendError as e:         # e.g. no device memory for the second decoder session
             if not from_env:
                 raise
             log.warning("%s=1 ignored: %s", PREFILL_BESIDE_ENV, e)

@@ -487,18 +487,18 @@ class OrtGraphSelection:
         self.s = session
 
     def first(self, slot: int, prompt_ids: np.ndarray, penalty: float, cos: np.ndarray, sin: np.ndarray) -> int:
-        s = self.s
-        s._start_selection(s.seen, slot, prompt_ids, penalty)
-        s._prefill(slot, prompt_ids, cos, sin)
-        return int(s.mem.read(s.pf_next, s.first_tokens)[0])
+        return self._first(slot, prompt_ids, penalty, cos, sin, beside=False)
 
     def first_beside(self, slot: int, prompt_ids: np.ndarray, penalty: float, cos: np.ndarray,
                      sin: np.ndarray) -> int:
         """`first` with the prefill on the session's second decoder session (OrtSession.open_prefill_beside),
         called from the vision worker while the step decodes the other slots (edgeocr.slots, prefill beside)."""
+        return self._first(slot, prompt_ids, penalty, cos, sin, beside=True)
+
+    def _first(self, slot, prompt_ids, penalty, cos, sin, beside: bool) -> int:
         s = self.s
         s._start_selection(s.seen, slot, prompt_ids, penalty)
-        s._prefill(slot, prompt_ids, cos, sin, beside=True)
+        s._prefill(slot, prompt_ids, cos, sin, beside=beside)
         return int(s.mem.read(s.pf_next, s.first_tokens)[0])
 
     def next(self, tokens: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray, live: np.ndarray,
