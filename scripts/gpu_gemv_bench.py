@@ -1,0 +1,265 @@
+"""How fast can a decode step's matrix-vector products be on this GPU?  Hand-written FP16 GEMV kernels
+(scripts/kernels/decode_gemv.cu, compiled by NVRTC) against cuBLAS (torch.matmul, the library ONNX Runtime's
+MatMul calls) at the real decoder's shapes, for 1 and 8 slots.
+
+    python scripts/gpu_gemv_bench.py --json OUT.json          on a CUDA machine with CUDA torch
+    python scripts/gpu_gemv_bench.py --compile-only sm_87 sm_89 sm_90
+                                                              NVRTC only (no GPU, no torch): checks that the
+                                                              kernels compile for those architectures
+
+Each operation runs as 24 launches over 24 distinct weight matrices (one per layer, so nothing stays in L2
+between layers, as in a real step), captured in one CUDA graph and replayed; the figure is the mean time per
+launch.  The per-layer sum compares what a fused decoder layer runs today (q|k|v, o, gate, up and down as
+separate cuBLAS GEMMs, then SiLU and Mul as two elementwise kernels) with the custom kernels (q|k|v, o, one
+SwiGLU kernel for gate|up with its activation, down).  Every custom result is checked against an FP32
+reference.  The byte floor of each operation is its weight bytes over the GPU's memory bandwidth (given with
+--bandwidth-gbs, default the H200's 4,800 GB/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import glob
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+KERNELS = Path(__file__).with_name("kernels") / "decode_gemv.cu"
+SLOTS = (1, 2, 4, 8)                   # the M values the source instantiates
+SPLITS = (1, 2, 4, 8)                  # KS: warps that share one output row
+# the real HunyuanOCR decoder (quantize/realsize.py): hidden 1,024, 16 query heads and 8 key/value heads of 128,
+# intermediate 3,584, vocabulary 120,818
+SHAPES = {                             # name: (kernel, output rows n, reduction k)
+    "qkv": ("gemv", 4096, 1024),
+    "o": ("gemv", 1024, 2048),
+    "gate_up": ("swiglu", 3584, 1024),
+    "gate": ("gemv", 3584, 1024),      # today's separate gate (and up) GEMM, for the per-layer comparison
+    "down": ("gemv", 1024, 3584),
+    "lm_head": ("gemv", 120818, 1024),
+}
+LAYERS = 24
+
+
+# ------------------------------------------------------------------------------------------------ NVRTC
+def _nvrtc() -> ctypes.CDLL:
+    cands = []
+    try:
+        import nvidia.cuda_nvrtc as pkg  # the pip wheel torch depends on
+        cands += sorted(glob.glob(os.path.join(list(pkg.__path__)[0], "lib", "libnvrtc.so*")))
+    except ImportError:
+        pass
+    cands += [p for p in (ctypes.util.find_library("nvrtc"), "libnvrtc.so.12", "libnvrtc.so") if p]
+    for c in cands:
+        if "alt" in os.path.basename(c) or "builtins" in os.path.basename(c):
+            continue
+        try:
+            return ctypes.CDLL(c)
+        except OSError:
+            continue
+    raise SystemExit("NVRTC not found: pip install nvidia-cuda-nvrtc-cu12 (CUDA torch brings it)")
+
+
+def compile_cubin(source: str, arch: str) -> bytes:
+    """The source compiled for `arch` (e.g. sm_90) by NVRTC; a compile error raises with NVRTC's log."""
+    lib = _nvrtc()
+    prog = ctypes.c_void_p()
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"decode_gemv.cu", 0, None, None)
+    if rc:
+        raise RuntimeError(f"nvrtcCreateProgram: error {rc}")
+    opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"-lineinfo"]
+    arr = (ctypes.c_char_p * len(opts))(*opts)
+    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    if rc:
+        raise RuntimeError(f"NVRTC could not compile {KERNELS.name} for {arch}:\n{log.value.decode(errors='replace')}")
+    lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+    cubin = ctypes.create_string_buffer(size.value)
+    rc = lib.nvrtcGetCUBIN(prog, cubin)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    if rc:
+        raise RuntimeError(f"nvrtcGetCUBIN: error {rc}")
+    return cubin.raw
+
+
+def kernel_names() -> list[str]:
+    return [f"{kind}_m{m}_ks{ks}" for kind in ("gemv", "swiglu") for m in SLOTS for ks in SPLITS]
+
+
+# ------------------------------------------------------------------------------------------- driver API
+class Module:
+    """The compiled kernels in the current CUDA context (torch's), launched on a given stream."""
+
+    def __init__(self, cubin: bytes):
+        self.cu = ctypes.CDLL("libcuda.so.1")
+        mod = ctypes.c_void_p()
+        self._check(self.cu.cuModuleLoadData(ctypes.byref(mod), cubin), "cuModuleLoadData")
+        self.mod, self.fns = mod, {}
+        for name in kernel_names():
+            fn = ctypes.c_void_p()
+            rc = self.cu.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode())
+            self._check(rc, f"cuModuleGetFunction({name})")
+            self.fns[name] = fn
+
+    @staticmethod
+    def _check(rc: int, what: str) -> None:
+        if rc:
+            raise RuntimeError(f"{what} failed with CUDA driver error {rc}")
+
+    def launch(self, name: str, grid: int, x: int, w: int, y: int, n: int, k: int, stream: int) -> None:
+        args = [ctypes.c_void_p(x), ctypes.c_void_p(w), ctypes.c_void_p(y), ctypes.c_int(n), ctypes.c_int(k)]
+        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+        self._check(self.cu.cuLaunchKernel(self.fns[name], grid, 1, 1, 256, 1, 1, 0, ctypes.c_void_p(stream),
+                                           params, None), f"cuLaunchKernel({name})")
+
+
+def grid_for(n: int, ks: int) -> int:
+    rows = 8 // ks
+    return (n + rows - 1) // rows
+
+
+# ------------------------------------------------------------------------------------------------ bench
+def _time_graph(torch, body, replays: int) -> float:
+    """Mean seconds per replay of a CUDA graph that runs `body()` once."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):                          # warm-up outside the capture (cuBLAS picks its kernels)
+        body()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(replays):
+        g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / 1e3 / replays
+
+
+def bench(args) -> dict:
+    import torch
+
+    dev = torch.device("cuda")
+    torch.zeros(1, device=dev)                          # the primary context, current on this thread
+    props = torch.cuda.get_device_properties(dev)
+    arch = f"sm_{props.major}{props.minor}"
+    t = time.perf_counter()
+    mod = Module(compile_cubin(KERNELS.read_text(), arch))
+    out = {"device": props.name, "arch": arch, "sms": props.multi_processor_count,
+           "nvrtc_compile_s": round(time.perf_counter() - t, 2), "torch": torch.__version__,
+           "layers": LAYERS, "replays": args.replays, "bandwidth_gbs": args.bandwidth_gbs, "ops": {}}
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for name, (kind, n, k) in SHAPES.items():
+        layers = 1 if name == "lm_head" else LAYERS
+        rows_w = 2 * n if kind == "swiglu" else n
+        # weights [rows_w, k] row-major for the custom kernels; cuBLAS gets ONNX's layout, [k, rows_w]
+        w = [torch.randn(rows_w, k, device=dev, generator=gen, dtype=torch.float16) * (k ** -0.5)
+             for _ in range(layers)]
+        w_onnx = [wi.t().contiguous() for wi in w]
+        for m in args.slots:
+            x = torch.randn(m, k, device=dev, generator=gen, dtype=torch.float16)
+            y_ref = torch.empty(m, rows_w, device=dev, dtype=torch.float16)
+            y = torch.empty(m, n, device=dev, dtype=torch.float16)
+            weight_bytes = rows_w * k * 2
+            row = {"n": n, "k": k, "slots": m, "weight_mib": round(weight_bytes / 2**20, 2),
+                   "byte_floor_us": round(weight_bytes / (args.bandwidth_gbs * 1e9) * 1e6, 2)}
+
+            def cublas(ws=w_onnx):
+                for wi in ws:
+                    torch.matmul(x, wi, out=y_ref)
+
+            row["cublas_us"] = round(_time_graph(torch, cublas, args.replays) / layers * 1e6, 2)
+            # the reference the custom results are checked against: FP32 products of the same halves
+            ref = x.float() @ w[0].float().t()
+            if kind == "swiglu":
+                g, u = ref[:, 0::2].half().float(), ref[:, 1::2].half().float()
+                ref = (g * torch.sigmoid(g)).half().float() * u
+            best = None
+            for ks in SPLITS:
+                fname = f"{kind}_m{m}_ks{ks}"
+                grid = grid_for(n, ks)
+
+                def custom(fname=fname, grid=grid, ws=w):
+                    st = torch.cuda.current_stream().cuda_stream
+                    for wi in ws:
+                        mod.launch(fname, grid, x.data_ptr(), wi.data_ptr(), y.data_ptr(), n, k, st)
+
+                y.zero_()
+                mod.launch(fname, grid, x.data_ptr(), w[0].data_ptr(), y.data_ptr(), n, k,
+                           torch.cuda.current_stream().cuda_stream)
+                torch.cuda.synchronize()
+                err = float((y.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+                us = round(_time_graph(torch, custom, args.replays) / layers * 1e6, 2)
+                row[f"ks{ks}_us"], row[f"ks{ks}_max_rel_err"] = us, round(err, 6)
+                if err < 2e-2 and (best is None or us < row[f"ks{best}_us"]):
+                    best = ks
+            row["best_ks"] = best
+            row["custom_us"] = row[f"ks{best}_us"] if best else None
+            row["speedup"] = round(row["cublas_us"] / row["custom_us"], 3) if best else None
+            out["ops"][f"{name}_m{m}"] = row
+            print(f"{name:8s} M={m}  n={n:6d} k={k:5d}  floor {row['byte_floor_us']:7.2f} us  cuBLAS "
+                  f"{row['cublas_us']:7.2f} us  custom {row['custom_us']} us (KS {best})  "
+                  f"x{row['speedup']}", flush=True)
+        del w, w_onnx
+        torch.cuda.empty_cache()
+    for m in args.slots:
+        ops = out["ops"]
+        # today: q|k|v, o, gate, up (the same shape as gate), SiLU and Mul (two elementwise kernels), down
+        g = torch.randn(m, 3584, device=dev, dtype=torch.float16)
+        u, act = torch.randn_like(g), torch.empty_like(g)
+
+        def silu_mul():
+            for _ in range(LAYERS):
+                torch.nn.functional.silu(g, inplace=True)
+                torch.mul(g, u, out=act)
+
+        ops[f"silu_mul_m{m}"] = {"cublas_us": round(_time_graph(torch, silu_mul, args.replays) / LAYERS * 1e6, 2)}
+        cub = sum(ops[f"{o}_m{m}"]["cublas_us"] for o in ("qkv", "o", "gate", "gate", "silu_mul", "down"))
+        cus = [ops[f"{o}_m{m}"]["custom_us"] for o in ("qkv", "o", "gate_up", "down")]
+        if None in cus:
+            continue
+        out[f"layer_m{m}"] = {"cublas_us": round(cub, 2), "custom_us": round(sum(cus), 2),
+                              "step_saving_ms": round((cub - sum(cus)) * LAYERS / 1e3, 3)}
+        print(f"per layer, M={m}: cuBLAS {cub:.2f} us (q|k|v, o, gate, up, SiLU, Mul, down)  custom {sum(cus):.2f} us "
+              f"(q|k|v, o, SwiGLU, down): {(cub - sum(cus)) * LAYERS / 1e3:.3f} ms less per step", flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", type=Path, help="write every figure here")
+    ap.add_argument("--slots", type=int, nargs="+", default=[1, 8], choices=SLOTS)
+    ap.add_argument("--replays", type=int, default=50)
+    ap.add_argument("--bandwidth-gbs", type=float, default=4800.0, help="memory bandwidth for the byte floor")
+    ap.add_argument("--compile-only", nargs="*", metavar="ARCH", help="only compile for these architectures")
+    args = ap.parse_args(argv)
+    if args.compile_only is not None:
+        for arch in args.compile_only or ["sm_90"]:
+            t = time.perf_counter()
+            cubin = compile_cubin(KERNELS.read_text(), arch)
+            missing = [n for n in kernel_names() if n.encode() not in cubin]
+            if missing:
+                raise SystemExit(f"{arch}: kernels missing from the cubin: {missing}")
+            print(f"{arch}: {len(kernel_names())} kernels, cubin {len(cubin) / 1024:.0f} KiB, "
+                  f"{time.perf_counter() - t:.1f} s")
+        return 0
+    out = bench(args)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+// FP16 matrix-vector kernels for a decode step of a few slots (M <= 8 rows of activations), compiled at run
+// time by NVRTC (scripts/gpu_gemv_bench.py).  No CUDA headers: halves travel as 16-bit integers and are
+// converted with PTX, so the source compiles the same for every architecture NVRTC targets (sm_87 Orin,
+// sm_89 RTX 4090D, sm_90 H200).
+//
+//   gemv_m{M}_ks{KS}(x, w, y, n, k)         y[m, r] = sum_j x[m, j] * w[r, j]
+//   swiglu_m{M}_ks{KS}(x, w, y, n, k)       g, u = the rows 2r and 2r+1 of w applied to x[m]
+//                                           y[m, r] = silu(g) * u, rounded as ONNX Runtime's
+//                                           MatMul -> QuickGelu -> Mul chain rounds (fp16 between ops)
+//
+//   x: [M, k] fp16, row-major        the activations (one row per slot)
+//   w: [n, k] fp16 (gemv), [2n, k] fp16 (swiglu: gate and up rows interleaved), row-major: each output's
+//      weights are contiguous, so a warp reads them in 16-byte vectors
+//   y: [M, n] fp16, row-major
+//   k: a multiple of 256 (8 halves a lane, 32 lanes); n: any
+//
+// A block is 8 warps.  KS warps share one output row, each summing a strided share of its k (KS = 1 for tall
+// matrices, up to 8 when n is too small to fill the GPU otherwise); accumulation is fp32 throughout.
+
+typedef unsigned short half_t;
+typedef unsigned int u32;
+
+__device__ __forceinline__ float h2f(half_t h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+
+__device__ __forceinline__ half_t f2h(float f) {
+  half_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+__device__ __forceinline__ float round_h(float f) { return h2f(f2h(f)); }
+
+__device__ __forceinline__ void unpack8(uint4 v, float* f) {
+  const u32 p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = h2f((half_t)(p[i] & 0xffffu));
+    f[2 * i + 1] = h2f((half_t)(p[i] >> 16));
+  }
+}
+
+template <int M>
+__device__ __forceinline__ void fma8(const float* wf, const uint4* __restrict__ x, int v, int kv, float* acc) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    float xf[8];
+    unpack8(__ldg(x + (size_t)m * kv + v), xf);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[m] = fmaf(wf[j], xf[j], acc[m]);
+  }
+}
+
+// Sum of R weight rows (rows[0..R)) against every x row, over this warp's share of k.  4 vectors of each row
+// are loaded before any arithmetic, so a warp keeps 4 * R * 512 bytes of weights in flight.
+template <int M, int KS, int R>
+__device__ __forceinline__ void dot_rows(const uint4* __restrict__ x, const uint4* const* rows, int kv, int part,
+                                         int lane, float (*acc)[M]) {
+  const int stride = 32 * KS;
+  int v = part * 32 + lane;
+  for (; v + 3 * stride < kv; v += 4 * stride) {
+    uint4 wv[R][4];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) wv[r][u] = __ldg(rows[r] + v + u * stride);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float wf[8];
+        unpack8(wv[r][u], wf);
+        fma8<M>(wf, x, v + u * stride, kv, acc[r]);
+      }
+  }
+  for (; v < kv; v += stride) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float wf[8];
+      unpack8(__ldg(rows[r] + v), wf);
+      fma8<M>(wf, x, v, kv, acc[r]);
+    }
+  }
+}
+
+// Warp sums, then the KS partial sums of one output row through shared memory; every thread reaches the
+// barrier.  Returns true in the one thread that holds row `row`'s totals.
+template <int M, int KS, int R>
+__device__ __forceinline__ bool reduce_rows(float (*acc)[M], int warp, int lane) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+  if (KS == 1) return lane == 0;
+  __shared__ float part_sums[8][R][M];
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) part_sums[warp][r][m] = acc[r][m];
+  __syncthreads();
+  if (lane != 0 || warp % KS != 0) return false;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float s = 0.f;
+#pragma unroll
+      for (int p = 0; p < KS; ++p) s += part_sums[warp + p][r][m];
+      acc[r][m] = s;
+    }
+  return true;
+}
+
+template <int M, int KS>
+__device__ __forceinline__ void gemv_body(const half_t* __restrict__ x, const half_t* __restrict__ w,
+                                          half_t* __restrict__ y, int n, int k) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (8 / KS) + warp / KS;
+  const int kv = k >> 3;                                            // 16-byte vectors per row
+  float acc[1][M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[0][m] = 0.f;
+  if (row < n) {
+    const uint4* rows[1] = {reinterpret_cast<const uint4*>(w) + (size_t)row * kv};
+    dot_rows<M, KS, 1>(reinterpret_cast<const uint4*>(x), rows, kv, warp % KS, lane, acc);
+  }
+  if (reduce_rows<M, KS, 1>(acc, warp, lane) && row < n)
+#pragma unroll
+    for (int m = 0; m < M; ++m) y[(size_t)m * n + row] = f2h(acc[0][m]);
+}
+
+template <int M, int KS>
+__device__ __forceinline__ void swiglu_body(const half_t* __restrict__ x, const half_t* __restrict__ w,
+                                            half_t* __restrict__ y, int n, int k) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (8 / KS) + warp / KS;
+  const int kv = k >> 3;
+  float acc[2][M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[0][m] = acc[1][m] = 0.f;
+  if (row < n) {
+    const uint4* base = reinterpret_cast<const uint4*>(w) + (size_t)(2 * row) * kv;
+    const uint4* rows[2] = {base, base + kv};
+    dot_rows<M, KS, 2>(reinterpret_cast<const uint4*>(x), rows, kv, warp % KS, lane, acc);
+  }
+  if (reduce_rows<M, KS, 2>(acc, warp, lane) && row < n)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float g = round_h(acc[0][m]), u = round_h(acc[1][m]);     // the two MatMuls' fp16 outputs
+      const float act = round_h(g / (1.f + expf(-g)));                // QuickGelu (alpha 1) = SiLU, fp16 out
+      y[(size_t)m * n + row] = f2h(act * u);                          // Mul
+    }
+}
+
+#define EDGEOCR_KERNELS(MM, KS)                                                                             \
+  extern "C" __global__ void __launch_bounds__(256)                                                          \
+      gemv_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k) {                        \
+    gemv_body<MM, KS>(x, w, y, n, k);                                                                        \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(256)                                                          \
+      swiglu_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k) {                      \
+    swiglu_body<MM, KS>(x, w, y, n, k);                                                                      \
+  }
+
+#define EDGEOCR_KERNELS_KS(MM) \
+  EDGEOCR_KERNELS(MM, 1)       \
+  EDGEOCR_KERNELS(MM, 2)       \
+  EDGEOCR_KERNELS(MM, 4)       \
+  EDGEOCR_KERNELS(MM, 8)
+
+EDGEOCR_KERNELS_KS(1)
+EDGEOCR_KERNELS_KS(2)
+EDGEOCR_KERNELS_KS(4)
+EDGEOCR_KERNELS_KS(8)
