@@ -1,9 +1,10 @@
-"""How fast can a decode step's matrix-vector products be on this GPU?  Hand-written FP16 GEMV kernels
-(scripts/kernels/decode_gemv.cu, compiled by NVRTC) against cuBLAS (torch.matmul, the library ONNX Runtime's
-MatMul calls) at the real decoder's shapes, for 1 and 8 slots.
+"""How fast can a decode step's matrix-vector products and attention be on this GPU?  Hand-written FP16
+kernels (scripts/kernels/decode_gemv.cu and decode_attention.cu, compiled by NVRTC) against cuBLAS
+(torch.matmul, the library ONNX Runtime's MatMul calls) and torch's scaled_dot_product_attention at the real
+decoder's shapes, for 1 and 8 slots.
 
-    python scripts/gpu_gemv_bench.py --json OUT.json          on a CUDA machine with CUDA torch
-    python scripts/gpu_gemv_bench.py --compile-only sm_87 sm_89 sm_90
+    python scripts/gpu_decode_kernels.py --json OUT.json      on a CUDA machine with CUDA torch
+    python scripts/gpu_decode_kernels.py --compile-only sm_87 sm_89 sm_90
                                                               NVRTC only (no GPU, no torch): checks that the
                                                               kernels compile for those architectures
 
@@ -12,8 +13,11 @@ between layers, as in a real step), captured in one CUDA graph and replayed; the
 launch.  The per-layer sum compares what a fused decoder layer runs today (q|k|v, o, gate, up and down as
 separate cuBLAS GEMMs, then SiLU and Mul as two elementwise kernels) with the custom kernels (q|k|v, o, one
 SwiGLU kernel for gate|up with its activation, down).  Every custom result is checked against an FP32
-reference.  The byte floor of each operation is its weight bytes over the GPU's memory bandwidth (given with
---bandwidth-gbs, default the H200's 4,800 GB/s).
+reference.  Attention: one new token per slot against a 4,096-row cache filled to DEPTH rows (default 1,221,
+the mean depth of a 256-token page after the 1,093-token prompt), 24 distinct caches, the custom split kernel
+and its combine against SDPA (GQA) over the same rows; ONNX Runtime's GroupQueryAttention took 12 us a layer
+for its decode kernel in docs/perf.md's profile.  The byte floor of each operation is the bytes it must read
+(weights; the cache rows) over the GPU's memory bandwidth (--bandwidth-gbs, default the H200's 4,800 GB/s).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ import time
 from pathlib import Path
 
 KERNELS = Path(__file__).with_name("kernels") / "decode_gemv.cu"
+ATTENTION = Path(__file__).with_name("kernels") / "decode_attention.cu"
+ATTN_KERNELS = ("attn_split", "attn_combine")
+Q_HEADS, KV_HEADS, HEAD_DIM, CACHE_LEN, CHUNK = 16, 8, 128, 4096, 64     # CHUNK: decode_attention.cu's
 SLOTS = (1, 2, 4, 8)                   # the M values the source instantiates
 SPLITS = (1, 2, 4, 8)                  # KS: warps that share one output row
 # the real HunyuanOCR decoder (quantize/realsize.py): hidden 1,024, 16 query heads and 8 key/value heads of 128,
@@ -63,11 +70,11 @@ def _nvrtc() -> ctypes.CDLL:
     raise SystemExit("NVRTC not found: pip install nvidia-cuda-nvrtc-cu12 (CUDA torch brings it)")
 
 
-def compile_cubin(source: str, arch: str) -> bytes:
+def compile_cubin(source: str, arch: str, name: str = "decode_gemv.cu") -> bytes:
     """The source compiled for `arch` (e.g. sm_90) by NVRTC; a compile error raises with NVRTC's log."""
     lib = _nvrtc()
     prog = ctypes.c_void_p()
-    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"decode_gemv.cu", 0, None, None)
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None)
     if rc:
         raise RuntimeError(f"nvrtcCreateProgram: error {rc}")
     opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"-lineinfo"]
@@ -78,7 +85,7 @@ def compile_cubin(source: str, arch: str) -> bytes:
     log = ctypes.create_string_buffer(size.value)
     lib.nvrtcGetProgramLog(prog, log)
     if rc:
-        raise RuntimeError(f"NVRTC could not compile {KERNELS.name} for {arch}:\n{log.value.decode(errors='replace')}")
+        raise RuntimeError(f"NVRTC could not compile {name} for {arch}:\n{log.value.decode(errors='replace')}")
     lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
     cubin = ctypes.create_string_buffer(size.value)
     rc = lib.nvrtcGetCUBIN(prog, cubin)
@@ -96,12 +103,12 @@ def kernel_names() -> list[str]:
 class Module:
     """The compiled kernels in the current CUDA context (torch's), launched on a given stream."""
 
-    def __init__(self, cubin: bytes):
+    def __init__(self, cubin: bytes, names: list[str] | tuple[str, ...]):
         self.cu = ctypes.CDLL("libcuda.so.1")
         mod = ctypes.c_void_p()
         self._check(self.cu.cuModuleLoadData(ctypes.byref(mod), cubin), "cuModuleLoadData")
         self.mod, self.fns = mod, {}
-        for name in kernel_names():
+        for name in names:
             fn = ctypes.c_void_p()
             rc = self.cu.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode())
             self._check(rc, f"cuModuleGetFunction({name})")
@@ -113,9 +120,13 @@ class Module:
             raise RuntimeError(f"{what} failed with CUDA driver error {rc}")
 
     def launch(self, name: str, grid: int, x: int, w: int, y: int, n: int, k: int, stream: int) -> None:
-        args = [ctypes.c_void_p(x), ctypes.c_void_p(w), ctypes.c_void_p(y), ctypes.c_int(n), ctypes.c_int(k)]
+        """A GEMV / SwiGLU kernel: 256 threads a block."""
+        self.launch_args(name, (grid, 1, 1), 256, stream, [ctypes.c_void_p(x), ctypes.c_void_p(w),
+                                                          ctypes.c_void_p(y), ctypes.c_int(n), ctypes.c_int(k)])
+
+    def launch_args(self, name: str, grid: tuple[int, int, int], threads: int, stream: int, args: list) -> None:
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
-        self._check(self.cu.cuLaunchKernel(self.fns[name], grid, 1, 1, 256, 1, 1, 0, ctypes.c_void_p(stream),
+        self._check(self.cu.cuLaunchKernel(self.fns[name], *grid, threads, 1, 1, 0, ctypes.c_void_p(stream),
                                            params, None), f"cuLaunchKernel({name})")
 
 
@@ -155,7 +166,8 @@ def bench(args) -> dict:
     props = torch.cuda.get_device_properties(dev)
     arch = f"sm_{props.major}{props.minor}"
     t = time.perf_counter()
-    mod = Module(compile_cubin(KERNELS.read_text(), arch))
+    mod = Module(compile_cubin(KERNELS.read_text(), arch), kernel_names())
+    attn = Module(compile_cubin(ATTENTION.read_text(), arch, ATTENTION.name), ATTN_KERNELS)
     out = {"device": props.name, "arch": arch, "sms": props.multi_processor_count,
            "nvrtc_compile_s": round(time.perf_counter() - t, 2), "torch": torch.__version__,
            "layers": LAYERS, "replays": args.replays, "bandwidth_gbs": args.bandwidth_gbs, "ops": {}}
@@ -233,7 +245,62 @@ def bench(args) -> dict:
                               "step_saving_ms": round((cub - sum(cus)) * LAYERS / 1e3, 3)}
         print(f"per layer, M={m}: cuBLAS {cub:.2f} us (q|k|v, o, gate, up, SiLU, Mul, down)  custom {sum(cus):.2f} us "
               f"(q|k|v, o, SwiGLU, down): {(cub - sum(cus)) * LAYERS / 1e3:.3f} ms less per step", flush=True)
+    for m in args.slots:
+        out["ops"][f"attention_m{m}"] = bench_attention(torch, attn, m, args)
     return out
+
+
+def bench_attention(torch, attn: Module, slots: int, args) -> dict:
+    """The custom split + combine kernels against SDPA over the same cache rows, 24 distinct caches."""
+    dev, depth = torch.device("cuda"), args.depth
+    n_splits, scale = CACHE_LEN // CHUNK, HEAD_DIM ** -0.5
+    gen = torch.Generator(device=dev).manual_seed(1)
+    shape = (slots, KV_HEADS, CACHE_LEN, HEAD_DIM)
+    ks = [torch.randn(shape, device=dev, generator=gen, dtype=torch.float16) for _ in range(LAYERS)]
+    vs = [torch.randn(shape, device=dev, generator=gen, dtype=torch.float16) for _ in range(LAYERS)]
+    q = torch.randn(slots, Q_HEADS, HEAD_DIM, device=dev, generator=gen, dtype=torch.float16)
+    lens = torch.full((slots,), depth, device=dev, dtype=torch.int32)
+    part_o = torch.empty(slots, Q_HEADS, n_splits, HEAD_DIM, device=dev, dtype=torch.float32)
+    part_ml = torch.empty(slots, Q_HEADS, n_splits, 2, device=dev, dtype=torch.float32)
+    o = torch.empty(slots, Q_HEADS, HEAD_DIM, device=dev, dtype=torch.float16)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def run_custom(k, v, stream):
+        attn.launch_args("attn_split", (KV_HEADS, n_splits, slots), 128, stream,
+                         [ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(v.data_ptr()),
+                          ctypes.c_void_p(lens.data_ptr()), ctypes.c_void_p(part_o.data_ptr()),
+                          ctypes.c_void_p(part_ml.data_ptr()), ctypes.c_float(scale), ctypes.c_int(CACHE_LEN),
+                          ctypes.c_int(n_splits)])
+        attn.launch_args("attn_combine", (Q_HEADS, slots, 1), 128, stream,
+                         [ctypes.c_void_p(part_o.data_ptr()), ctypes.c_void_p(part_ml.data_ptr()),
+                          ctypes.c_void_p(lens.data_ptr()), ctypes.c_void_p(o.data_ptr()), ctypes.c_int(n_splits)])
+
+    def custom():
+        st = torch.cuda.current_stream().cuda_stream
+        for k, v in zip(ks, vs):
+            run_custom(k, v, st)
+
+    def torch_sdpa():
+        for k, v in zip(ks, vs):
+            sdpa(q[:, :, None], k[:, :, :depth], v[:, :, :depth], scale=scale, enable_gqa=True)
+
+    run_custom(ks[0], vs[0], torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    kf = ks[0][:, :, :depth].float().repeat_interleave(Q_HEADS // KV_HEADS, dim=1)
+    vf = vs[0][:, :, :depth].float().repeat_interleave(Q_HEADS // KV_HEADS, dim=1)
+    p = torch.softmax((q.float()[:, :, None] @ kf.transpose(-1, -2)) * scale, dim=-1)
+    ref = (p @ vf)[:, :, 0]
+    err = float((o.float() - ref).abs().max() / ref.abs().max())
+    row = {"slots": slots, "depth": depth, "cache_len": CACHE_LEN, "max_rel_err": round(err, 6),
+           "byte_floor_us": round(2 * slots * KV_HEADS * depth * HEAD_DIM * 2 / (args.bandwidth_gbs * 1e9) * 1e6, 2),
+           "custom_us": round(_time_graph(torch, custom, args.replays) / LAYERS * 1e6, 2)}
+    try:
+        row["sdpa_us"] = round(_time_graph(torch, torch_sdpa, args.replays) / LAYERS * 1e6, 2)
+    except Exception as e:                            # an SDPA backend that cannot be captured: say so, go on
+        row["sdpa_error"] = f"{type(e).__name__}: {e}"[:300]
+    print(f"attention M={slots} depth {depth}: floor {row['byte_floor_us']} us  custom {row['custom_us']} us "
+          f"(2 kernels, max rel err {err:.2g})  SDPA {row.get('sdpa_us', row.get('sdpa_error'))}", flush=True)
+    return row
 
 
 def main(argv=None) -> int:
@@ -242,17 +309,20 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", type=int, nargs="+", default=[1, 8], choices=SLOTS)
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--bandwidth-gbs", type=float, default=4800.0, help="memory bandwidth for the byte floor")
+    ap.add_argument("--depth", type=int, default=1221, help="attention: cache rows filled (<= 4,096)")
     ap.add_argument("--compile-only", nargs="*", metavar="ARCH", help="only compile for these architectures")
     args = ap.parse_args(argv)
     if args.compile_only is not None:
         for arch in args.compile_only or ["sm_90"]:
             t = time.perf_counter()
             cubin = compile_cubin(KERNELS.read_text(), arch)
+            cubin_attn = compile_cubin(ATTENTION.read_text(), arch, ATTENTION.name)
             missing = [n for n in kernel_names() if n.encode() not in cubin]
+            missing += [n for n in ATTN_KERNELS if n.encode() not in cubin_attn]
             if missing:
                 raise SystemExit(f"{arch}: kernels missing from the cubin: {missing}")
-            print(f"{arch}: {len(kernel_names())} kernels, cubin {len(cubin) / 1024:.0f} KiB, "
-                  f"{time.perf_counter() - t:.1f} s")
+            print(f"{arch}: {len(kernel_names()) + len(ATTN_KERNELS)} kernels, cubins "
+                  f"{(len(cubin) + len(cubin_attn)) / 1024:.0f} KiB, {time.perf_counter() - t:.1f} s")
         return 0
     out = bench(args)
     if args.json:
