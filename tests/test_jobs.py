@@ -65,7 +65,8 @@ def test_moves_are_checked_and_counts_follow_states():
 
 def test_every_exit_path_ends_in_its_state_and_the_counts_return_to_zero(art_a):
     """One engine over the tiny artifact (1 slot), each way a job can end: done; a bad image (failed while
-    prepared); an admission error; client gone and deadline, both while queued and while running; a failed
+    prepared); an admission error; client gone and deadline, both while running and while queued behind a busy
+    slot (dropped while the slot is still busy); a failed
     decode step; shutdown of a running and a queued job.  Each job ends in its state with its reply, the cancel
     metrics count each reason, and every count (queued, in the engine, slots busy, accepted, reserved) is 0."""
     from edgeocr.sdnotify import Notifier
@@ -152,10 +153,14 @@ def test_every_exit_path_ends_in_its_state_and_the_counts_return_to_zero(art_a):
         submit("gone-queued").gone = True
         submit("deadline-queued", deadline_s=-1.0)
         assert adm.depth() == 2 and adm.in_engine() == 1 and adm.slots_busy() == 1 and worker.busy() == 3
-        blocker.gone = True
         adm.wake()
+        # dropped within a decode step while every slot is still busy, not when one frees
         out["deadline-queued"] = await reply(jobs["deadline-queued"])
         await ended(jobs["gone-queued"])
+        assert blocker.state is RUNNING and adm.depth() == 0, "queued jobs dropped only once the slot freed"
+        blocker.gone = True
+        adm.wake()
+        await ended(blocker)
         # the decode step fails under a running job
         job = submit("step-fails", options=LONG)
         await running(job)

@@ -525,6 +525,56 @@ def test_parsers_refuse_hostile_bodies():
         assert e.value.status == 400
 
 
+def test_parsers_hold_what_a_hostile_client_tried():
+    """Each case a hostile-client pass found: a non-ASCII digit in a form field (was a 500), a JSON body of
+    thousands of empty objects (parsed at ~25x its size before), part headers whose parameters made the standard
+    library's parser quadratic (seconds for 16 parts of 8 KiB), a chat token limit named by the client's own
+    field, and base64 as `base64 FILE` and URL-safe encoders write it."""
+    from edgeocr.serve.config import ServerConfig
+    from edgeocr.serve.errors import HTTPError
+    from edgeocr.serve.parsing import MAX_JSON_CONTAINERS, chat_params, header_params, ocr_from_json, \
+        ocr_from_multipart
+
+    cfg = ServerConfig(artifact="x", max_new_tokens=100, default_max_new_tokens=50)
+    for digits in ("\u00b2", "\u0663", "\uff15"):                  # superscript two, Arabic-Indic three, fullwidth 5
+        body, ctype = multipart({"max_new_tokens": digits}, png(1, (140, 160)))
+        with pytest.raises(HTTPError) as e:
+            ocr_from_multipart(body, ctype, cfg)
+        assert e.value.status == 400 and "'max_new_tokens' must be a positive integer" in e.value.message
+    img = b64png(1, (140, 160))
+    with pytest.raises(HTTPError) as e:
+        ocr_from_json(json.dumps({"image": img, "x": [{}] * (MAX_JSON_CONTAINERS + 1)}).encode(), cfg)
+    assert e.value.status == 400 and e.value.type == "invalid_json" and str(MAX_JSON_CONTAINERS) in e.value.message
+    # parameters: quoted separators and escapes, case, a trailing semicolon; unparseable ones are a 400
+    assert header_params('Form-Data; NAME="a;b\\"c"; filename=x.png;', "h") == ("form-data", {"name": 'a;b"c',
+                                                                                           "filename": "x.png"})
+    assert header_params("multipart/form-data; boundary=----x1", "h")[1] == {"boundary": "----x1"}
+    for bad in ('form-data; name="open', "form-data; =x", 'form-data; name="a"b'):
+        with pytest.raises(HTTPError) as e:
+            header_params(bad, "Content-Disposition")
+        assert e.value.status == 400 and "malformed Content-Disposition header" in e.value.message
+    image_part, ctype = multipart({}, png(1, (140, 160)))          # boundary ----edgeocrtest
+    parts = b"".join(b'------edgeocrtest\r\nContent-Disposition: form-data; name="a%d' % i + b";" * 8100
+                     + b'"\r\n\r\nx\r\n' for i in range(15))
+    with pytest.raises(HTTPError) as e:
+        ocr_from_multipart(parts + image_part, ctype, cfg)
+    assert e.value.status == 400 and "unknown form field" in e.value.message
+    uri = "data:image/png;base64," + img
+    for key, value in (("max_tokens", 101), ("max_completion_tokens", 0), ("max_tokens", "9")):
+        with pytest.raises(HTTPError) as e:
+            chat_params(json.dumps({"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": uri}}]}], key: value}).encode(), cfg)
+        assert e.value.status == 400 and f"'{key}'" in e.value.message and "max_new_tokens" not in e.value.message
+    raw_png = base64.b64decode(img)
+    wrapped = "\n".join(img[i:i + 76] for i in range(0, len(img), 76))
+    urlsafe = base64.urlsafe_b64encode(raw_png).decode().rstrip("=")
+    for text_ in (wrapped, urlsafe, "data:image/png;base64," + wrapped):
+        assert ocr_from_json(json.dumps({"image": text_}).encode(), cfg).image_size == (160, 140)
+    with pytest.raises(HTTPError) as e:
+        ocr_from_json(json.dumps({"image": img[:-3] + "+-_"}).encode(), cfg)
+    assert e.value.status == 400 and "'image' is not valid base64 (" in e.value.message
+
+
 def test_config_refuses_bad_settings(tmp_path):
     import argparse
 

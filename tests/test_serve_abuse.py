@@ -341,6 +341,10 @@ def test_hostile_json_and_http_get_json_errors(hostile):
         body = json.dumps(c).encode()
         code, raw_body = client_request(d.unix, "POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
         assert code == 400 and error_of(raw_body)["type"] == "invalid_request", raw_body
+    for ctype in ("application/jsonx", "application/json-patch+json", "multipart/form-datax; boundary=b"):
+        code, raw_body = client_request(d.unix, "POST", "/v1/ocr", json.dumps({"image": img}).encode(),
+                                        {"Content-Type": ctype})
+        assert code == 415 and error_of(raw_body)["type"] == "unsupported_media_type", (ctype, raw_body)
     for slow in (False, True):              # headers over 16 KiB, in one piece or trickled
         s = socket.socket(socket.AF_UNIX)
         s.connect(str(d.sock))

@@ -288,8 +288,9 @@ class App:
     # ------------------------------------------------------------------ POST /v1/ocr, /v1/chat/completions
     async def _ocr(self, rx: Exchange, chat: bool) -> None:
         ctype = rx.headers.get("content-type", "").strip().lower()
-        multipart = ctype.startswith("multipart/form-data")
-        if not (ctype.startswith("application/json") or not ctype or (multipart and not chat)):
+        media = ctype.partition(";")[0].strip()          # the media type alone, its parameters aside
+        multipart = media == "multipart/form-data"
+        if not (media in ("application/json", "") or (multipart and not chat)):
             kinds = "application/json" if chat else "multipart/form-data or application/json"
             raise HTTPError(415, "unsupported_media_type", f"Content-Type {_clean(ctype, 100)!r}; use {kinds}")
         ticket = self.d.admission.reserve()          # before a byte of the body is read

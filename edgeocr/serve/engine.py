@@ -260,13 +260,18 @@ class EngineWorker(threading.Thread):
             job.post(DONE, result)
 
     def _reap(self) -> None:
-        """Cancel live jobs whose client left or whose deadline passed: within one decode step."""
+        """Cancel jobs whose client left or whose deadline passed, running or still queued: within one decode
+        step (drive() reads the queue only while a slot is free, so a queued job would otherwise hold its
+        place, and count against the queue's limit, until one frees)."""
         now = time.monotonic()
         for job in self.admission.jobs(RUNNING):
             if job.gone:
                 self._cancel(job, "client_gone")
             elif now > job.deadline:
                 self._cancel(job, "deadline")
+        for job in self.admission.jobs(QUEUED):
+            if job.gone or now > job.deadline:
+                self._dropped(job)
 
     def _cancel(self, job: Job, reason: str) -> None:
         """Stop a job the engine holds (admitting or in a slot) and answer it."""
