@@ -20,7 +20,7 @@ import logging
 import multiprocessing as mp
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +72,18 @@ def _job(job):
     return P.labelled_page(job[1], job[2])
 
 
+_OUT: np.ndarray | None = None       # the pool's canvas file while it is rendered, mapped before the workers fork
+
+
+def _job_into(k_job) -> P.Page:
+    """Worker: render page k into the shared canvas file; the Page comes back without its canvas (3 MiB a page
+    through the result pipe, and one process copying all of them, was most of a pool's build time)."""
+    k, job = k_job
+    page = _job(job)
+    _OUT[k] = page.canvas
+    return replace(page, canvas=None)
+
+
 def _placements(page: P.Page, n: int, max_shift: int, rng: np.random.Generator) -> np.ndarray:
     """[1 + n, 2] int32: (0, 0), then n seeded shifts that keep the page's lines on the canvas."""
     x0, x1, y0, y1 = P.shift_range(page, max_shift)
@@ -120,15 +132,19 @@ def build_pool(spec: PoolSpec, tok, eos: int, cache: Path, device, workers: int 
     workers = workers or os.cpu_count() or 1
     t = time.perf_counter()
     ctx = mp.get_context("fork")
-    with ctx.Pool(workers) if workers > 1 else _Inline() as procs:
-        for k, page in enumerate(procs.imap(_job, jobs, chunksize=4)):
-            canv[k] = page.canvas
-            chars[k] = P.char_points(page, spec.glyph_chars)
-            shifts[k] = _placements(page, spec.shifts, spec.max_shift, rng)
-            texts.append(page.text)
-            texts += [P.spotting_target(page, tuple(s)) for s in shifts[k]]
-            if (k + 1) % 1024 == 0:
-                log.info("page pool: %d / %d pages rendered (%.0f s)", k + 1, n, time.perf_counter() - t)
+    global _OUT
+    _OUT = canv                                  # a shared file mapping: the forked workers write into it
+    try:
+        with ctx.Pool(workers) if workers > 1 else _Inline() as procs:
+            for k, page in enumerate(procs.imap(_job_into, enumerate(jobs), chunksize=4)):
+                chars[k] = P.char_points(page, spec.glyph_chars)
+                shifts[k] = _placements(page, spec.shifts, spec.max_shift, rng)
+                texts.append(page.text)
+                texts += [P.spotting_target(page, tuple(s)) for s in shifts[k]]
+                if (k + 1) % 1024 == 0:
+                    log.info("page pool: %d / %d pages rendered (%.0f s)", k + 1, n, time.perf_counter() - t)
+    finally:
+        _OUT = None
     canv.flush()
     rows = 2 + spec.shifts
     ids = _tokenize(texts, tok, limit, eos)
