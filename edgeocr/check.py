@@ -261,6 +261,13 @@ def check_gates(s: dict, g: Gates) -> list[str]:
     return failed
 
 
+def _file_sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None              # compare_page reports the unreadable file as the page's error
+
+
 def run_check(reference: str, candidate: str, data: str, out: Path, task: str = prompts.DEFAULT_TASK,
               lang: str = "zh", max_new_tokens: int = 512, gates: Gates = Gates(), resume: bool = True,
               reference_device: str = "cpu", candidate_device: str = "cpu", limit: int | None = None,
@@ -275,7 +282,7 @@ def run_check(reference: str, candidate: str, data: str, out: Path, task: str = 
     meta = {"reference": ref.label, "candidate": cand.label, "data": str(data), "task": task, "lang": lang,
             "max_new_tokens": max_new_tokens, "key": f"{ref.identity}|{cand.identity}|{task}|{lang}|{max_new_tokens}"}
     progress_file = out.with_suffix(".pages.jsonl")
-    done: dict[str, dict] = {}
+    done: dict[tuple[str, str], dict] = {}     # (file name, sha256 of its bytes) -> page
     if resume and progress_file.exists():
         for line in progress_file.read_text(encoding="utf-8").splitlines():
             try:
@@ -283,26 +290,28 @@ def run_check(reference: str, candidate: str, data: str, out: Path, task: str = 
             except json.JSONDecodeError:
                 continue         # a line cut by an interruption
             if rec.get("key") == meta["key"] and "error" not in rec["page"]:    # error rows are tried again
-                done[rec["page"]["image"]] = rec["page"]
+                done[rec["page"]["image"], rec.get("image_sha256")] = rec["page"]
     elif progress_file.exists():
         progress_file.unlink()
-    pages = []
+    pages, resumed = [], 0
     progress_file.parent.mkdir(parents=True, exist_ok=True)
     with open(progress_file, "a", encoding="utf-8") as pf:
         for i, s in enumerate(samples, 1):
-            if s.name in done:
-                pages.append(done[s.name])
+            digest = _file_sha256(s.path)          # a page is taken only from the same file content
+            if (s.name, digest) in done:
+                pages.append(done[s.name, digest])
+                resumed += 1
                 continue
             t0 = time.perf_counter()
             page = compare_page(ref, cand, s, task, lang, opts, max_pixels)
             pages.append(page)
-            pf.write(json.dumps({"key": meta["key"], "page": page}, ensure_ascii=False) + "\n")
+            pf.write(json.dumps({"key": meta["key"], "image_sha256": digest, "page": page}, ensure_ascii=False) + "\n")
             pf.flush()
             os.fsync(pf.fileno())
             if progress:
                 progress(i, len(samples), s.name, page, time.perf_counter() - t0)
     summary = summarize(pages)
-    summary["resumed_pages"] = len(done)
+    summary["resumed_pages"] = resumed
     failed = check_gates(summary, gates)
     summary["gates_failed"] = failed
     write_reports(out, meta, pages, summary)

@@ -124,6 +124,15 @@ def test_cli_reports_exit_codes_and_resume(art_a, art_b, tmp_path):
     out.with_suffix(".pages.jsonl").write_text(lines[0] + "\n" + lines[1][:40])
     r = _check("--reference", str(art_a), "--candidate", str(art_a), *base)
     assert r.returncode == 0 and "resumed: 1 page(s)" in r.stdout and "[2/3]" in r.stderr
+    # the same file names with other images (another data set, same --out): nothing is taken from the report
+    import shutil
+    other = tmp_path / "other"
+    other.mkdir()
+    for i in range(3):
+        shutil.copy(data / f"{i + 3:06d}.jpg", other / f"{i:06d}.jpg")
+    r = _check("--reference", str(art_a), "--candidate", str(art_a), "--data", str(other), "--max-new-tokens", "6",
+               "--out", str(out))
+    assert r.returncode == 0 and "resumed" not in r.stdout and "[1/3]" in r.stderr, r.stdout
     # two different models disagree: the agreement gate fails with its own exit code
     r = _check("--reference", str(art_a), "--candidate", str(art_b), *base, "--no-resume", "--min-agreement", "0.99")
     assert r.returncode == 3 and "GATE FAILED" in r.stderr
