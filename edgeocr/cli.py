@@ -56,9 +56,21 @@ def _run(args) -> int:
     if args.ray:
         from edgeocr.distributed import run
         return run(args)
+    if args.task and not args.prompt:
+        from edgeocr import prompts
+        from edgeocr.errors import PromptError
+        try:
+            prompts.task_prompt(args.task, args.lang)          # a task without a prompt in --lang: before loading
+        except PromptError as e:
+            return _usage(str(e).replace("lang 'zh'", "--lang zh"))
     try:
         limit = preprocess_limit(args.max_pixels)
-        refs = pages.list_pages(pages.list_files(args.images))
+        files = pages.list_files(args.images)
+        missing = [f for f in files if not os.path.exists(f)]
+        if missing:                                  # a typo is a usage error, found before the model loads
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            return _usage(f"no such file: {', '.join(missing[:5])}{more}")
+        refs = pages.list_pages(files)
         state = batchrun.prepare_output(args.out, args.resume, args.overwrite) if args.out else None
     except (pages.InputPathError, batchrun.OutputError) as e:
         return _usage(str(e))
@@ -142,6 +154,8 @@ def _run_pages(args, todo, loader, multi: bool) -> int:
             out.write(o.record())
         if not o.ok:
             say(f"error: {o.error}")
+            if out is None and args.format == "json":       # one JSON line per page, failed ones included
+                _print_result(args, o.record(), o.ref.label, multi)
         else:
             rec = o.record()
             if out is None:

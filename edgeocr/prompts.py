@@ -54,6 +54,9 @@ def task_prompt(task: str, lang: str = "zh") -> str:
     if table is None:
         raise PromptError(f"unknown prompt language {lang!r}; use 'zh' or 'en'")
     if task not in table:
+        if task in TASKS_ZH:
+            raise PromptError(f"task {task!r} has no English prompt; use lang 'zh' (English tasks: "
+                              f"{', '.join(sorted(TASKS_EN))})")
         known = ", ".join(sorted(table))
         raise PromptError(f"unknown task {task!r} for language {lang!r}; known tasks: {known}")
     return table[task]

@@ -227,7 +227,10 @@ def test_usage_errors(tmp_path):
                        (["--max-new-tokens", "0"], "--max-new-tokens must be a positive integer, got 0"),
                        (["--max-pixels", "0"], "--max-pixels must be a positive integer"),
                        (["--remote", "unix:/x.sock", "--stream"], "--stream is for local runs"),
-                       (["--out", tmp_path / "nowhere" / "o.jsonl"], "does not exist")]:
+                       (["--out", tmp_path / "nowhere" / "o.jsonl"], "does not exist"),
+                       ([tmp_path / "nope.png", tmp_path / "in" / "b.png"],
+                        f"no such file: {tmp_path / 'nope.png'}, {tmp_path / 'in' / 'b.png'}"),
+                       (["--task", "layout", "--lang", "en"], "task 'layout' has no English prompt; use --lang zh")]:
         p = cli(tmp_path / "in", *extra, "--model", tmp_path, check_rc=2)
         assert msg in p.stderr and "Traceback" not in p.stderr
 
@@ -356,6 +359,10 @@ def test_degenerate_pages_blank_and_too_small_and_pixel_limit(art_a, tmp_path):
     dot = recs["b_dot.png"]["error"]
     assert dot["type"] == "PageTooSmall" and "1x1 pixels is smaller than the minimum page of 16x16" in dot["message"]
     assert recs["c_text.png"]["generated_tokens"] == 2
+    # without --out, --format json prints one line per page on stdout, the failed page's included
+    p = cli(d, "--model", art_a, "--format", "json", "--max-new-tokens", "2", check_rc=1)
+    printed = {Path(r["file"]).name: r for r in map(json.loads, p.stdout.splitlines())}
+    assert sorted(printed) == sorted(recs) and printed["b_dot.png"]["error"]["type"] == "PageTooSmall"
     # one pixel limit, one message naming the setting, for files and for rendered PDF pages
     p = cli(d / "c_text.png", "--model", art_a, "--max-pixels", "50000", check_rc=1)
     assert "300x200 = 60,000 pixels exceeds the pixel limit of 50,000 (max_pixels: --max-pixels or " \
