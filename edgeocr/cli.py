@@ -3,6 +3,9 @@
     edgeocr run INPUT... (--model ARTIFACT | --remote [ADDRESS]) [--task T | --prompt P] [--format text|json]
                          [--stream] [--out FILE.jsonl [--resume | --overwrite]] [--dpi 200] [--max-pixels N]
     edgeocr tasks [--lang en]
+    edgeocr serve [ARTIFACT] [--socket PATH] [--tcp HOST:PORT --api-key-file FILE]   (the daemon, docs/daemon.md)
+    edgeocr check --reference A --candidate B --data DIR                              (two precisions, page by page)
+    edgeocr bench ARTIFACT | doctor [ARTIFACT] | build-engines ARTIFACT
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ def _run(args) -> int:
         return _usage(f"--dpi must be positive, got {args.dpi:g}")
     if args.max_new_tokens < 1:
         return _usage(f"--max-new-tokens must be a positive integer, got {args.max_new_tokens}")
+    if args.remote:
+        from edgeocr.serve.client import address_problem
+        if problem := address_problem(args.remote):
+            return _usage(problem)
     if not args.remote and not args.model:
         return _usage("no model: pass --model ARTIFACT_DIR or set EDGEOCR_MODEL (or --remote for a daemon)")
     if args.ray:
@@ -348,8 +355,14 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="edgeocr", description="HunyuanOCR at the edge.")
     ap.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
+    verbose = argparse.ArgumentParser(add_help=False)      # -v after the command too (`edgeocr run -v ...`)
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log to stderr")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="OCR images, folders, glob patterns and PDFs",
+
+    def command(name: str, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[verbose], **kw)
+
+    r = command("run", help="OCR images, folders, glob patterns and PDFs",
                        description="Pages go to stdout (text, or one JSON per page), or with --out to a JSONL file, "
                                    "one line per page as it finishes, with a progress bar on a terminal. "
                                    "Exit codes: 0 all pages read, 1 a page failed (or an error), 2 usage, "
@@ -403,16 +416,16 @@ def main(argv: list[str] | None = None) -> int:
                         "is the cost of more")
     r.add_argument("--api-key-file", default=os.environ.get("EDGEOCR_API_KEY_FILE"),
                    help="Bearer key for a TCP daemon (env EDGEOCR_API_KEY_FILE)")
-    s_ = sub.add_parser("serve", help="run the local OCR daemon (systemd Type=notify)",
+    s_ = command("serve", help="run the local OCR daemon (systemd Type=notify)",
                         description="Settings come from flags, then EDGEOCR_* environment variables, then the "
                                     "config file, then defaults.")
     from edgeocr.serve_config import add_arguments
     add_arguments(s_)
-    d = sub.add_parser("doctor", help="check Python, ONNX Runtime, GPU, TensorRT, an artifact and the daemon")
+    d = command("doctor", help="check Python, ONNX Runtime, GPU, TensorRT, an artifact and the daemon")
     d.add_argument("artifact", nargs="?", help="artifact directory to check")
     d.add_argument("--remote", default=os.environ.get("EDGEOCR_REMOTE", "unix:/run/edgeocr/edgeocr.sock"),
                    help="daemon address to probe")
-    b = sub.add_parser("bench", help="per-stage timings, tokens/s and memory (fixed output length)",
+    b = command("bench", help="per-stage timings, tokens/s and memory (fixed output length)",
                        description="The same job on transformers, with ratios: python -m quantize bench-hf.")
     b.add_argument("artifact", help="artifact directory")
     b.add_argument("--image", help="image to use (default: a built-in synthetic page)")
@@ -428,13 +441,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="many-pages mode: K pages through the artifact's slots (continuous batching); pages/s, "
                         "tokens/s and the decode step time with every slot busy")
     _vision_ahead_arg(b)
-    c = sub.add_parser("check", help="compare two artifacts/backends page by page (e.g. FP16 vs INT8)",
+    c = command("check", help="compare two artifacts/backends page by page (e.g. FP16 vs INT8)",
                        description="Exit codes: 0 gates hold, 3 a gate failed, 1 error, 2 usage.")
     from edgeocr.check import add_arguments as add_check_arguments
     add_check_arguments(c)
-    tk = sub.add_parser("tasks", help="list the official task prompts")
+    tk = command("tasks", help="list the official task prompts")
     tk.add_argument("--lang", choices=["zh", "en"], default="zh", help="prompt language (default zh)")
-    tb = sub.add_parser("build-engines", help="build TensorRT engines for an artifact, on the target device "
+    tb = command("build-engines", help="build TensorRT engines for an artifact, on the target device "
                         "(experimental: the session that runs them has not yet run on a GPU)")
     tb.add_argument("artifact", help="artifact directory (masked attention; FP16, or INT8 with Q/DQ)")
     tb.add_argument("--flavour", choices=["auto", "tensorrt", "tensorrt_rtx"], default="auto",

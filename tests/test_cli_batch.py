@@ -224,13 +224,17 @@ def test_usage_errors(tmp_path):
                        (["--resume"], "apply to an --out file"),
                        ([tmp_path / "empty"], "folder has no image or PDF file"),
                        (["--dpi", "0"], "--dpi must be positive"),
+                       (["-v", "--dpi", "0"], "--dpi must be positive"),       # -v after the command is taken
                        (["--max-new-tokens", "0"], "--max-new-tokens must be a positive integer, got 0"),
                        (["--max-pixels", "0"], "--max-pixels must be a positive integer"),
                        (["--remote", "unix:/x.sock", "--stream"], "--stream is for local runs"),
                        (["--out", tmp_path / "nowhere" / "o.jsonl"], "does not exist"),
                        ([tmp_path / "nope.png", tmp_path / "in" / "b.png"],
                         f"no such file: {tmp_path / 'nope.png'}, {tmp_path / 'in' / 'b.png'}"),
-                       (["--task", "layout", "--lang", "en"], "task 'layout' has no English prompt; use --lang zh")]:
+                       (["--task", "layout", "--lang", "en"], "task 'layout' has no English prompt; use --lang zh"),
+                       (["--remote", "127.0.0.1:8090"], "daemon address '127.0.0.1:8090': use unix:/path.sock or "
+                                                        "http://HOST:PORT"),
+                       (["--remote", "http://127.0.0.1:99999"], "Port out of range")]:
         p = cli(tmp_path / "in", *extra, "--model", tmp_path, check_rc=2)
         assert msg in p.stderr and "Traceback" not in p.stderr
 

@@ -196,6 +196,8 @@ def test_every_exit_path_ends_in_its_state_and_the_counts_return_to_zero(art_a):
     assert metrics.generated >= 3 + 3 * 1        # the done page's 3, and each cancelled running page's tokens
     assert (adm.depth(), adm.in_engine(), adm.slots_busy(), adm.busy(), adm.reserved) == (0, 0, 0, 0, 0)
     assert worker.idle() and not adm.live
+    done = jobs["done"]            # the queue wait a log line reports ends when the engine takes the job
+    assert done.enqueued < done.taken <= done.started
 
 
 def test_systemd_is_told_ready_before_readiness_answers_200(art_a):

@@ -573,6 +573,9 @@ def test_parsers_hold_what_a_hostile_client_tried():
     with pytest.raises(HTTPError) as e:
         ocr_from_json(json.dumps({"image": img[:-3] + "+-_"}).encode(), cfg)
     assert e.value.status == 400 and "'image' is not valid base64 (" in e.value.message
+    with pytest.raises(HTTPError) as e:                     # a PDF is named as one, with the way to send it
+        ocr_from_json(json.dumps({"image": base64.b64encode(b"%PDF-1.7\n%...").decode()}).encode(), cfg)
+    assert e.value.status == 400 and "a PDF; the daemon reads images only" in e.value.message
 
 
 def test_config_refuses_bad_settings(tmp_path):
@@ -585,13 +588,18 @@ def test_config_refuses_bad_settings(tmp_path):
                       (["a", "--header-timeout-s", "nan"], "bad value"), (["a", "--device", "tpu"], "device"),
                       (["a", "--log-level", "loud"], "log_level"), (["a", "--max-connections", "-1"], "max_connections"),
                       (["a", "--default-max-new-tokens", "99", "--max-new-tokens", "10"], "default_max_new_tokens"),
-                      (["a", "--tcp", "127.0.0.1:8090"], "TCP needs a Bearer key file .* tcp_without_key = true"),
+                      (["a", "--tcp", "127.0.0.1:8090"],
+                       "TCP needs a Bearer key file \\(--api-key-file.* --tcp-without-key \\(tcp_without_key = true\\)"),
                       (["a", "--allowed-hosts", "localhost,evil.com:80"], "without a port"),
                       (["a", "--allowed-hosts", "local host"], "allowed_hosts entry")]:
         with pytest.raises(ConfigError, match=msg):
             resolve(ap.parse_args(argv), {})
     cfg = resolve(ap.parse_args(["a", "--tcp", "127.0.0.1:8090"]), {"EDGEOCR_TCP_WITHOUT_KEY": "true"})
     assert cfg.tcp_without_key and not cfg.api_key_file
+    # an on/off setting as a bare flag means on; a value still works
+    cfg = resolve(ap.parse_args(["a", "--tcp", "127.0.0.1:8090", "--tcp-without-key", "--metrics"]), {})
+    assert cfg.tcp_without_key and cfg.metrics
+    assert not resolve(ap.parse_args(["a", "--metrics", "false"]), {}).metrics
     cfg = resolve(ap.parse_args(["a"]), {"EDGEOCR_HEADER_TIMEOUT_S": "3.5", "EDGEOCR_BACKLOG": "64"})
     assert (cfg.header_timeout_s, cfg.backlog) == (3.5, 64)
     from edgeocr.errors import EdgeOCRError
@@ -601,6 +609,10 @@ def test_config_refuses_bad_settings(tmp_path):
     for bad in ("0.0.0.0:80", "[::]:80", "10.1.2.3:80", "example.com:80", "127.0.0.1", "127.0.0.1:99999"):
         with pytest.raises(EdgeOCRError):
             parse_tcp(bad)
+    from edgeocr.serve.daemon import bind_unix
+    (tmp_path / "afile").write_text("x")          # a socket folder that cannot be made names the socket and a fix
+    with pytest.raises(EdgeOCRError, match=r"socket .*x.sock: cannot create its folder .*\(--socket"):
+        bind_unix(str(tmp_path / "afile" / "d" / "x.sock"), 0o600, 8)
 
 
 def test_slot_artifact_serves_requests_at_once(ckpt_a, tmp_path):

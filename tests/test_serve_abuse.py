@@ -491,7 +491,7 @@ def test_deadline_stops_generation_and_load_failure_exits_1(art_long, tmp_path):
     d = Daemon(tmp_path / "no-such-artifact", tmp_path / "broken")
     try:
         assert d.proc.wait(30) == 1
-        assert "cannot load" in d.logtext() and not d.sock.exists()
+        assert "cannot load" in d.logtext() and "listening" not in d.logtext() and not d.sock.exists()
         d.notify.wait_for("STATUS=failed to load", timeout=5)
         assert not d.notify.seen("READY=1")
     finally:

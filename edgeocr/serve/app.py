@@ -56,7 +56,7 @@ class Exchange:
         self.is_tcp = scope.get("client") is not None
         self.status = 0                      # HTTP status sent (0: none)
         self.tokens = self.prompt_tokens = 0
-        self.wait_ms = 0.0                   # time queued before the engine took it
+        self.wait_ms = 0.0                   # time queued before the engine took it (admission not included)
         self.note = ""                       # extra log detail (an error after a stream started)
         self.headers: dict[str, str] = {}
         self.duplicate: str | None = None    # a header that must appear once but came twice
@@ -355,7 +355,7 @@ class App:
                 raise ClientGone
         r = item[1]
         rx.tokens, rx.prompt_tokens = r.generated_tokens, r.prompt_tokens
-        rx.wait_ms = (job.started - job.enqueued) * 1e3
+        rx.wait_ms = (job.taken - job.enqueued) * 1e3
         await rx.json(200, chat_response(job, r) if chat else dict(r.to_dict(), id=job.id))
 
     async def _stream(self, rx: Exchange, job: Job, params: parsing.OCRParams, chat: bool) -> None:
@@ -364,7 +364,7 @@ class App:
             raise item[1]
         if item[0] == GONE:
             raise ClientGone
-        rx.wait_ms = (job.started - job.enqueued) * 1e3
+        rx.wait_ms = (job.taken - job.enqueued) * 1e3
         ctype = b"text/event-stream" if chat else b"application/x-ndjson"
         await rx.start(200, [(b"content-type", ctype), (b"cache-control", b"no-cache"),
                              (b"x-content-type-options", b"nosniff")])

@@ -37,10 +37,25 @@ def _connection(address: str, timeout: float) -> http.client.HTTPConnection:
                 self.sock.connect(sock_path)
 
         return UnixConnection("localhost", timeout=timeout)
+    problem = address_problem(address)
+    if problem:
+        raise OSError(problem)
     u = urlparse(address)
-    if u.scheme != "http" or not u.hostname:
-        raise OSError(f"daemon address {address!r}: use unix:/path.sock or http://HOST:PORT")
     return http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+
+
+def address_problem(address: str) -> str | None:
+    """Why no daemon can be reached at `address` whatever runs (a message), or None for a well-formed one."""
+    if address.startswith("unix:"):
+        return None if address[5:].strip("/") else f"daemon address {address!r}: unix: needs a socket path"
+    try:
+        u = urlparse(address)
+        u.port                                               # noqa: B018 (raises for a port out of range)
+    except ValueError as e:
+        return f"daemon address {address!r}: {e}; use unix:/path.sock or http://HOST:PORT"
+    if u.scheme != "http" or not u.hostname:
+        return f"daemon address {address!r}: use unix:/path.sock or http://HOST:PORT"
+    return None
 
 
 class RemoteError(EdgeOCRError):

@@ -132,7 +132,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
             continue
         env = "EDGEOCR_" + f.name.upper()
         default = oct(f.default) if f.name == "socket_mode" else f.default
-        ap.add_argument("--" + f.name.replace("_", "-"), default=None, metavar=f.name.upper(),
+        switch = dict(nargs="?", const="true") if _TYPES[f.name] in ("bool", bool) else {}    # --metrics = true
+        ap.add_argument("--" + f.name.replace("_", "-"), default=None, metavar=f.name.upper(), **switch,
                         help=f"{HELP[f.name]} (env {env}; default {default!r})")
 
 
@@ -160,8 +161,9 @@ def validate(cfg: ServerConfig) -> None:
     if not cfg.socket and not cfg.tcp:
         raise ConfigError("neither a Unix socket nor TCP is configured")
     if cfg.tcp and not cfg.api_key_file and not cfg.tcp_without_key:
-        raise ConfigError(f"tcp {cfg.tcp} without api_key_file: TCP needs a Bearer key file (api_key_file); "
-                          f"set tcp_without_key = true to listen with no authentication")
+        raise ConfigError(f"tcp {cfg.tcp} without api_key_file: TCP needs a Bearer key file (--api-key-file, "
+                          f"EDGEOCR_API_KEY_FILE or api_key_file); --tcp-without-key (tcp_without_key = true) "
+                          f"listens with no authentication")
     from edgeocr.serve.parsing import allowed_host_names
     try:
         allowed_host_names(cfg.allowed_hosts)

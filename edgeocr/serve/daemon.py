@@ -66,6 +66,14 @@ class Daemon:
     def run(self) -> int:
         for sig in STOP_SIGNALS:                # until the event loop takes over: exit at once
             signal.signal(sig, self._early_signal)
+        from edgeocr import artifact
+        try:
+            artifact.read(Path(self.cfg.artifact))     # a wrong path fails before any socket is bound
+        except EdgeOCRError as e:
+            log.error("cannot load %s: %s", self.cfg.artifact, e)
+            self.notifier.status(f"failed to load: {e}")
+            log.info("stopped (exit 1)")
+            return 1
         try:
             self._bind()
             asyncio.run(self._main())          # the engine starts once the server answers (_monitor)
@@ -284,7 +292,11 @@ def socket_answers(path: str) -> bool:
 
 def bind_unix(path: str, mode: int, backlog: int) -> tuple[socket.socket, int]:
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EdgeOCRError(f"socket {p}: cannot create its folder {p.parent} ({e.strerror or e}); choose a path "
+                           f"this user can write (--socket, e.g. $XDG_RUNTIME_DIR/edgeocr.sock)") from None
     if p.exists() or p.is_symlink():
         if not p.is_socket():
             raise EdgeOCRError(f"socket {p}: the path exists and is not a socket; remove it or choose another")

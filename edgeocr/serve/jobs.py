@@ -65,7 +65,8 @@ class Job:
     loop: asyncio.AbstractEventLoop           # the handler's event loop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # TOKEN..., then DONE or ERROR
     enqueued: float = field(default_factory=time.monotonic)
-    started: float = 0.0                      # monotonic time it got a slot (0: never)
+    taken: float = 0.0                        # monotonic time the engine took it from the queue (0: never)
+    started: float = 0.0                      # monotonic time it got a slot, its vision and prefill done (0: never)
     gone: bool = False                        # the client left: drop it if queued, cancel it if running
     chat_model: str = "hunyuanocr"            # OpenAI requests: the model name to echo back
     prepared: object = None                   # Future of its edgeocr.slots.Page, made on the model's worker pool
@@ -118,6 +119,8 @@ class Admission:
             now = time.monotonic()
             if job.state is RUNNING and job.started:
                 self.service_s = 0.8 * self.service_s + 0.2 * (now - job.started)
+            if to is ADMITTING:
+                job.taken = now
             if to is RUNNING:
                 job.started = now
             job.state, job.reason = to, reason if to is CANCELLED else None
@@ -161,7 +164,7 @@ class Admission:
             if self.state == "draining":
                 raise unavailable("shutting_down", "the server is shutting down", 5)
             if self.state != "ready":
-                raise unavailable("not_ready", "the model is still loading", 2)
+                raise unavailable("not_ready", "the model is still loading or warming up", 2)
             if self.reserved + len(self.live) >= self.queue_size + self.slots:
                 raise unavailable("overloaded", f"queue full ({self.queue_size} waiting)", self.retry_after_s())
             self.reserved += 1

@@ -116,6 +116,10 @@ def image_field(s, name: str = "image") -> bytes:
 def probe_image(data: bytes, max_pixels: int) -> tuple[int, int]:
     """Read the image header only: format, size against `max_pixels`, minimum page edge, aspect ratio
     (edgeocr.preprocess.open_image: the same checks and messages as a local run)."""
+    if data[:5] == b"%PDF-":
+        raise HTTPError(400, "invalid_image", "image: a PDF; the daemon reads images only (render its pages to "
+                                              "PNG or JPEG first, or use `edgeocr run --remote`, which renders "
+                                              "PDF pages on the client)")
     try:
         return preprocess.open_image(data, "image", max_pixels).size
     except ImageTooLarge as e:
