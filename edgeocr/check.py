@@ -324,10 +324,11 @@ def add_arguments(ap) -> None:
                     help="artifact directory (python -m quantize compare also takes hf:CHECKPOINT for transformers)")
     ap.add_argument("--candidate", required=True, help="artifact directory (or hf:CHECKPOINT, as --reference)")
     ap.add_argument("--data", required=True, help="image directory with optional labels.jsonl / labels.csv")
-    ap.add_argument("--task", default=prompts.DEFAULT_TASK,
-                    help=f"official task, or '{FIELDS_TASK}' to ask for the labelled fields as JSON (default %(default)s)")
+    ap.add_argument("--task", default=prompts.DEFAULT_TASK, choices=[*prompts.task_names(), FIELDS_TASK],
+                    metavar="TASK", help=f"official task (edgeocr tasks lists them), or '{FIELDS_TASK}' to ask for "
+                                         "the labelled fields as JSON (default %(default)s)")
     ap.add_argument("--lang", choices=["zh", "en"], default="zh")
-    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--max-new-tokens", type=int, default=512, help="tokens per page and side (default %(default)s)")
     ap.add_argument("--out", default="check-report", help="report path without suffix (writes .json, .csv, .pages.jsonl)")
     ap.add_argument("--max-cer-increase", type=float, default=None, help="gate: CER increase in absolute terms, e.g. 0.01")
     ap.add_argument("--min-agreement", type=float, default=None, help="gate: minimum share of pages with identical tokens")
