@@ -47,6 +47,8 @@ def test_train_resume_export_run(tmp_path):
     rows = eval_pages(ck, 1, tokens=3, device="cpu")
     assert len(rows) == 1 and rows[0]["image"] == "000000.jpg" and 1 <= rows[0]["tokens"] <= 3
     assert rows[0]["cer"] > 0.5                     # three tokens cannot cover a page
+    batched = eval_pages(ck, 2, tokens=3, device="cpu", batch=2)        # one generate call for both pages
+    assert [r["text"] for r in batched] == [r["text"] for r in eval_pages(ck, 2, tokens=3, device="cpu")]
     more = tmp_path / "more"                        # --init: continue a checkpoint (its sizes, its tokenizer)
     _train(more, 1, "--init", str(ck), tokenizer=None)
     assert (more / "checkpoint" / "tokenizer.json").read_bytes() == (ck / "tokenizer.json").read_bytes()

@@ -11,9 +11,10 @@ EVAL_SETS = ("eval", "eval_html")       # held-out folders under calibration_dat
 
 
 def eval_pages(model_dir: Path, n: int, tokens: int = 700, device: str | None = None,
-               dtype: str | None = None, subset: str = "eval") -> list[dict]:
+               dtype: str | None = None, subset: str = "eval", batch: int = 1) -> list[dict]:
     """Full text of the first `n` pages of calibration_data/`subset` (eval or eval_html) through the transformers
-    reference (greedy, the checkpoint's repetition penalty), page by page: image, CER, tokens generated, text."""
+    reference (greedy, the checkpoint's repetition penalty), `batch` pages per generate call (1: page by page):
+    image, CER, tokens generated, text."""
     from edgeocr import metrics
     from edgeocr.dataset import load_dir
     from edgeocr.decode import DecodeOptions
@@ -25,11 +26,14 @@ def eval_pages(model_dir: Path, n: int, tokens: int = 700, device: str | None = 
     if not root.is_dir():
         raise ValueError(f"no evaluation set {subset!r}: {root} is not a folder")
     runner = TransformersRunner(str(model_dir), device or ("cuda" if _cuda() else "cpu"), dtype=dtype)
-    rows = []
-    for s in load_dir(root)[:n]:
-        r = runner.recognize(s.path, task="structured_parse", options=DecodeOptions(max_new_tokens=tokens))
-        rows.append({"image": s.path.name, "cer": metrics.cer(r.text, s.text), "tokens": r.generated_tokens,
-                     "text": r.text})
+    rows, samples, opts = [], load_dir(root)[:n], DecodeOptions(max_new_tokens=tokens)
+    for a in range(0, len(samples), max(1, batch)):
+        group = samples[a:a + max(1, batch)]
+        results = (runner.recognize_many([s.path for s in group], task="structured_parse", options=opts)
+                   if len(group) > 1 else [runner.recognize(group[0].path, task="structured_parse", options=opts)])
+        for s, r in zip(group, results):
+            rows.append({"image": s.path.name, "cer": metrics.cer(r.text, s.text), "tokens": r.generated_tokens,
+                         "text": r.text})
     return rows
 
 
