@@ -289,8 +289,8 @@ def run_check(reference: str, candidate: str, data: str, out: Path, task: str = 
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue         # a line cut by an interruption
-            if rec.get("key") == meta["key"] and "error" not in rec["page"]:    # error rows are tried again
-                done[rec["page"]["image"], rec.get("image_sha256")] = rec["page"]
+            if rec.get("key") == meta["key"] and rec.get("image_sha256") and "error" not in rec["page"]:
+                done[rec["page"]["image"], rec["image_sha256"]] = rec["page"]      # error rows are tried again
     elif progress_file.exists():
         progress_file.unlink()
     pages, resumed = [], 0

@@ -74,9 +74,12 @@ def _run(args) -> int:
         limit = preprocess_limit(args.max_pixels)
         files = pages.list_files(args.images)
         missing = [f for f in files if not os.path.exists(f)]
-        if missing:                                  # a typo is a usage error, found before the model loads
-            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-            return _usage(f"no such file: {', '.join(missing[:5])}{more}")
+        named = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        if missing and len(missing) == len(files) and not args.resume:
+            return _usage(f"no such file: {named}")          # nothing to read: before the model loads
+        if missing:                                  # said now; each is that page's error, the others are read
+            print(f"warning: no such file: {named} (reported as failed pages; the others are read)",
+                  file=sys.stderr)
         refs = pages.list_pages(files)
         state = batchrun.prepare_output(args.out, args.resume, args.overwrite) if args.out else None
     except (pages.InputPathError, batchrun.OutputError) as e:

@@ -229,14 +229,15 @@ def test_usage_errors(tmp_path):
                        (["--max-pixels", "0"], "--max-pixels must be a positive integer"),
                        (["--remote", "unix:/x.sock", "--stream"], "--stream is for local runs"),
                        (["--out", tmp_path / "nowhere" / "o.jsonl"], "does not exist"),
-                       ([tmp_path / "nope.png", tmp_path / "in" / "b.png"],
-                        f"no such file: {tmp_path / 'nope.png'}, {tmp_path / 'in' / 'b.png'}"),
                        (["--task", "layout", "--lang", "en"], "task 'layout' has no English prompt; use --lang zh"),
                        (["--remote", "127.0.0.1:8090"], "daemon address '127.0.0.1:8090': use unix:/path.sock or "
                                                         "http://HOST:PORT"),
                        (["--remote", "http://127.0.0.1:99999"], "Port out of range")]:
         p = cli(tmp_path / "in", *extra, "--model", tmp_path, check_rc=2)
         assert msg in p.stderr and "Traceback" not in p.stderr
+    p = cli(tmp_path / "nope.png", tmp_path / "in" / "b.png", "--model", tmp_path, check_rc=2)   # none exists
+    assert f"no such file: {tmp_path / 'nope.png'}, {tmp_path / 'in' / 'b.png'}" in p.stderr
+    assert "manifest" not in p.stderr                       # said before the model would load
 
 
 # ---------------------------------------------------------------------------------------------- in process
@@ -363,6 +364,9 @@ def test_degenerate_pages_blank_and_too_small_and_pixel_limit(art_a, tmp_path):
     dot = recs["b_dot.png"]["error"]
     assert dot["type"] == "PageTooSmall" and "1x1 pixels is smaller than the minimum page of 16x16" in dot["message"]
     assert recs["c_text.png"]["generated_tokens"] == 2
+    # a missing file among existing ones is said before the model loads, then is that page's error
+    p = cli(d / "c_text.png", d / "nope.png", "--model", art_a, "--max-new-tokens", "2", check_rc=1)
+    assert p.stderr.index("warning: no such file") < p.stderr.index("error: ") and "1 ok, 1 failed" in p.stderr
     # without --out, --format json prints one line per page on stdout, the failed page's included
     p = cli(d, "--model", art_a, "--format", "json", "--max-new-tokens", "2", check_rc=1)
     printed = {Path(r["file"]).name: r for r in map(json.loads, p.stdout.splitlines())}

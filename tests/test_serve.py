@@ -545,15 +545,24 @@ def test_parsers_hold_what_a_hostile_client_tried():
     with pytest.raises(HTTPError) as e:
         ocr_from_json(json.dumps({"image": img, "x": [{}] * (MAX_JSON_CONTAINERS + 1)}).encode(), cfg)
     assert e.value.status == 400 and e.value.type == "invalid_json" and str(MAX_JSON_CONTAINERS) in e.value.message
-    # parameters: quoted separators and escapes, case, a trailing semicolon; unparseable ones are a 400
-    assert header_params('Form-Data; NAME="a;b\\"c"; filename=x.png;', "h") == ("form-data", {"name": 'a;b"c',
-                                                                                           "filename": "x.png"})
-    assert header_params("multipart/form-data; boundary=----x1", "h")[1] == {"boundary": "----x1"}
-    for bad in ('form-data; name="open', "form-data; =x", 'form-data; name="a"b'):
-        with pytest.raises(HTTPError) as e:
-            header_params(bad, "Content-Disposition")
-        assert e.value.status == 400 and "malformed Content-Disposition header" in e.value.message
-    image_part, ctype = multipart({}, png(1, (140, 160)))          # boundary ----edgeocrtest
+    # parameters: quoted separators and escapes, case, a trailing semicolon; one that does not parse is skipped
+    assert header_params('Form-Data; NAME="a;b\\"c"; filename=x.png;') == ("form-data", {"name": 'a;b"c',
+                                                                                      "filename": "x.png"})
+    assert header_params("multipart/form-data;; boundary=----x1; charset=utf-8")[1] == {"boundary": "----x1",
+                                                                                      "charset": "utf-8"}
+    assert header_params('form-data; name="image"; filename="scan\\"')[1] == {"name": "image"}   # a browser's
+    for bad in ('form-data; name="open', "form-data; =x", "form-data; name"):                   # unescaped "\"
+        assert "name" not in header_params(bad)[1], bad
+    # a multipart part whose name cannot be read is a 400 naming that
+    image_part, ctype = multipart({}, png(1, (140, 160)))
+    with pytest.raises(HTTPError) as e:
+        ocr_from_multipart(image_part.replace(b'name="image"', b"name"), ctype, cfg)
+    assert e.value.status == 400 and "without a Content-Disposition name" in e.value.message
+    # unpadded standard base64, and JSON braces inside strings (LaTeX in an earlier answer) are not containers
+    assert ocr_from_json(json.dumps({"image": img.rstrip("=")}).encode(), cfg).image_size == (160, 140)
+    latex = "\\frac{a_{i}}{b^{2}}" * 1500
+    assert chat_params(json.dumps({"messages": [{"role": "assistant", "content": latex}, {"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + img}}]}]}).encode(), cfg).task
     parts = b"".join(b'------edgeocrtest\r\nContent-Disposition: form-data; name="a%d' % i + b";" * 8100
                      + b'"\r\n\r\nx\r\n' for i in range(15))
     with pytest.raises(HTTPError) as e:
@@ -600,6 +609,8 @@ def test_config_refuses_bad_settings(tmp_path):
     cfg = resolve(ap.parse_args(["a", "--tcp", "127.0.0.1:8090", "--tcp-without-key", "--metrics"]), {})
     assert cfg.tcp_without_key and cfg.metrics
     assert not resolve(ap.parse_args(["a", "--metrics", "false"]), {}).metrics
+    with pytest.raises(ConfigError, match="put it after ARTIFACT"):        # the flag took the artifact's path
+        resolve(ap.parse_args(["--metrics", "/srv/art"]), {})
     cfg = resolve(ap.parse_args(["a"]), {"EDGEOCR_HEADER_TIMEOUT_S": "3.5", "EDGEOCR_BACKLOG": "64"})
     assert (cfg.header_timeout_s, cfg.backlog) == (3.5, 64)
     from edgeocr.errors import EdgeOCRError

@@ -97,7 +97,9 @@ def _convert(name: str, raw, where: str):
             return v
         return str(raw)
     except ValueError:
-        raise ConfigError(f"{where}: bad value {raw!r} for {name}") from None
+        hint = (" (true or false; as a bare flag, put it after ARTIFACT: `serve ARTIFACT --" + name.replace("_", "-")
+                + "`)") if t in ("bool", bool) and where.startswith("--") else ""
+        raise ConfigError(f"{where}: bad value {raw!r} for {name}{hint}") from None
 
 
 def read_config_file(path: str | Path) -> dict:

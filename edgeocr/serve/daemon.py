@@ -69,7 +69,7 @@ class Daemon:
         from edgeocr import artifact
         try:
             artifact.read(Path(self.cfg.artifact))     # a wrong path fails before any socket is bound
-        except EdgeOCRError as e:
+        except Exception as e:                  # whatever it is, as the engine thread reports a failed load
             log.error("cannot load %s: %s", self.cfg.artifact, e)
             self.notifier.status(f"failed to load: {e}")
             log.info("stopped (exit 1)")

@@ -25,9 +25,10 @@ MAX_JSON_CONTAINERS = 4096            # objects + arrays in a JSON body, counted
 
 # `type; key=token; key="quoted \" string"` (RFC 9110 parameters), matched from a position: linear time
 _HEADER_PARAM = re.compile(r'[ \t]*;[ \t]*([!#$%&\'*+.^_`|~0-9A-Za-z-]+)[ \t]*=[ \t]*'
-                           r'(?:"((?:[^"\\\r\n]|\\.)*)"|([^;"\s]*))[ \t]*')
+                           r'(?:"((?:[^"\\\r\n]|\\.)*)"|([^;"\s]+))[ \t]*')
 _QUOTED_PAIR = re.compile(r"\\(.)")
 _ASCII_SPACE = str.maketrans("", "", " \t\r\n")
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')      # a JSON string, escapes included (linear)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ def parse_json(body: bytes) -> dict:
     """A JSON object, or 400 invalid_json for anything else (bad UTF-8, deep nesting, huge numbers, more than
     MAX_JSON_CONTAINERS objects and arrays: a 20 MiB body of empty objects would take ~25x its size to parse)."""
     containers = body.count(b"{") + body.count(b"[")     # an upper bound (brackets inside strings count too)
+    if containers > MAX_JSON_CONTAINERS:                 # count again without the strings' contents
+        bare = _JSON_STRING.sub(b'""', body)
+        containers = bare.count(b"{") + bare.count(b"[")
     if containers > MAX_JSON_CONTAINERS:
         raise bad_request(f"body is not acceptable JSON: {containers} objects and arrays (at most "
                           f"{MAX_JSON_CONTAINERS}; the image goes in as one base64 string)", "invalid_json")
@@ -101,8 +105,9 @@ def image_field(s, name: str = "image") -> bytes:
     elif s.startswith(("http://", "https://", "file:", "ftp:")):
         raise bad_request(f"'{name}': image URLs are not fetched; send the image as base64 or a data: URI")
     s = s.translate(_ASCII_SPACE)                    # `base64 FILE` wraps its output at 76 columns
-    if ("-" in s or "_" in s) and not ("+" in s or "/" in s):       # the URL-safe alphabet, padding optional
+    if ("-" in s or "_" in s) and not ("+" in s or "/" in s):       # the URL-safe alphabet
         s = s.replace("-", "+").replace("_", "/")
+    if len(s) % 4 in (2, 3):                         # padding left out (URL-safe and "raw" encoders)
         s += "=" * (-len(s) % 4)
     try:
         data = base64.b64decode(s, validate=True)
@@ -195,7 +200,7 @@ def ocr_from_multipart(body: bytes, content_type: str, cfg) -> OCRParams:
 
 def parse_multipart(body: bytes, content_type: str) -> tuple[dict[str, str], dict[str, bytes]]:
     """multipart/form-data -> (text fields, file fields).  Strict and linear-time: bytes.find only."""
-    boundary = header_params(content_type, "Content-Type")[1].get("boundary")
+    boundary = header_params(content_type)[1].get("boundary")
     if boundary is None or not 1 <= len(boundary) <= 70:
         raise bad_request("multipart Content-Type needs a boundary of 1 to 70 characters")
     delim = b"--" + boundary.encode("latin-1", "replace")
@@ -240,26 +245,29 @@ def _part_name(raw_headers: bytes) -> tuple[str, str | None]:
     for line in raw_headers.decode("utf-8", "replace").split("\r\n"):
         k, sep, v = line.partition(":")
         if sep and k.strip().lower() == "content-disposition":
-            params = header_params(v, "multipart Content-Disposition")[1]
+            params = header_params(v)[1]
     name = params.get("name")
     if not name:
         raise bad_request("multipart part without a Content-Disposition name")
     return name, params.get("filename")
 
 
-def header_params(value: str, what: str) -> tuple[str, dict[str, str]]:
+def header_params(value: str) -> tuple[str, dict[str, str]]:
     """`type; key=value; key="quoted"` -> (type lowercased, {key lowercased: value}); the first of a repeated key
-    wins.  Linear in the header's length (the standard library's email.message parameter parsing is quadratic
-    in some inputs: 16 part headers of 8 KiB took seconds).  400 naming `what` when it does not parse."""
+    wins, and a parameter that does not parse (no value, an unterminated quote, a space in an unquoted value) is
+    skipped up to the next `;`, as lenient parsers do.  Linear in the header's length (the standard library's
+    email.message parameter parsing is quadratic in some inputs: 16 part headers of 8 KiB took seconds)."""
     pos = value.find(";")
     pos = len(value) if pos < 0 else pos
     main, params = value[:pos].strip(" \t").lower(), {}
     while pos < len(value):
         p = _HEADER_PARAM.match(value, pos)
         if p is None:
-            if not value[pos:].strip(" \t;"):             # trailing semicolons
+            nxt = value.find(";", pos + 1)
+            if nxt < 0:
                 break
-            raise bad_request(f"malformed {what} header: {_short(value)!r}")
+            pos = nxt
+            continue
         quoted = p.group(2)
         params.setdefault(p.group(1).lower(), _QUOTED_PAIR.sub(r"\1", quoted) if quoted is not None else p.group(3))
         pos = p.end()

@@ -1,5 +1,5 @@
 // Decode attention over a static FP16 KV cache (one new query token per slot, grouped-query heads), split
-// over the sequence ("flash decoding"), compiled at run time by NVRTC (scripts/gpu_gemv_bench.py).  No CUDA
+// over the sequence ("flash decoding"), compiled at run time by NVRTC (scripts/gpu_decode_kernels.py).  No CUDA
 // headers, like decode_gemv.cu.
 //
 //   attn_split(q, k, v, lens, part_o, part_ml, scale, cache_len, n_splits)

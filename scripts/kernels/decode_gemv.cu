@@ -1,5 +1,5 @@
 // FP16 matrix-vector kernels for a decode step of a few slots (M <= 8 rows of activations), compiled at run
-// time by NVRTC (scripts/gpu_gemv_bench.py).  No CUDA headers: halves travel as 16-bit integers and are
+// time by NVRTC (scripts/gpu_decode_kernels.py).  No CUDA headers: halves travel as 16-bit integers and are
 // converted with PTX, so the source compiles the same for every architecture NVRTC targets (sm_87 Orin,
 // sm_89 RTX 4090D, sm_90 H200).
 //
