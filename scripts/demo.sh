@@ -12,7 +12,7 @@ LOG=build/demo.log
 step() {   # step "what" command...: run quietly into the log; on failure show the end of the log
     local what=$1 t0=$SECONDS
     shift
-    printf '%-60s' "$what"
+    printf '%-52s' "$what"
     if "$@" >>"$LOG" 2>&1; then
         echo "done ($((SECONDS - t0)) s)"
     else
@@ -27,7 +27,7 @@ step "setting up .venv (scripts/setup.sh)" bash scripts/setup.sh
 PY=.venv/bin/python
 [ -f build/demo-fp32/manifest.json ] || step "exporting demo_model -> build/demo-fp32" \
     $PY -m quantize export demo_model build/demo-fp32 --cache-len 2048 --prefill-len 1280
-[ -f build/demo-int8/manifest.json ] || step "calibrating INT8 -> build/demo-int8 (5-8 min; tail -f $LOG)" \
+[ -f build/demo-int8/manifest.json ] || step "calibrating INT8 -> build/demo-int8 (4-8 min)" \
     $PY -m quantize int8 demo_model build/demo-int8 --calib calibration_data/calib --cache-len 2048 --prefill-len 1280
 step "reading 3 held-out pages with FP32 and INT8" \
     $PY -m edgeocr check --reference build/demo-fp32 --candidate build/demo-int8 --data calibration_data/eval \
