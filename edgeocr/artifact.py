@@ -192,6 +192,9 @@ class Artifact:
                 runtime=dict(raw.get("runtime") or {}))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ArtifactError(f"{where}: malformed or missing field ({type(e).__name__}: {e})") from None
+        if not isinstance(art.files, dict) or not all(isinstance(v, dict) for v in art.files.values()):
+            raise ArtifactError(f"{where}: files must map each file name to its {{bytes, sha256}}, "
+                                f"not {type(art.files).__name__}")
         for what, value in (("kv_cache.slots", art.kv.slots), ("kv_cache.cache_len", art.kv.cache_len),
                             ("graphs.decoder.prefill_len", art.decoder.prefill_len)):
             if not isinstance(value, int) or value < 1:

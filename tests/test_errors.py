@@ -173,6 +173,11 @@ def test_artifact_errors(art_a, tmp_path):
     with pytest.raises(ArtifactError, match="malformed or missing field.*cache_len"):
         OCRModel(bad)
     m["kv_cache"]["cache_len"] = 1536
+    files, m["files"] = m["files"], list(m["files"])         # a list of names instead of name -> size, hash
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="files must map each file name"):
+        OCRModel(bad)
+    m["files"] = files
     (bad / "manifest.json").write_text(json.dumps(m))
     (bad / "decoder.onnx.data").write_bytes(b"short")
     with pytest.raises(ArtifactError, match="decoder.onnx.data"):
