@@ -58,6 +58,10 @@ def test_pool_holds_generated_and_folder_pages(pool_setup):
     other = build_pool(PoolSpec(**{**spec.__dict__, "generated": 1, "dirs": ()}), tok, ids["eos_token_id"],
                        tmp / "cache2", "cpu", workers=1)
     assert torch.equal(other.canvases[0], pool.canvases[0])                  # seeded generator pages
+    # rendered on 2 processes (each writes its pages into the shared canvas file): the same pool
+    forked = build_pool(spec, tok, ids["eos_token_id"], tmp / "cache3", "cpu", workers=2)
+    for name in ("canvases", "targets", "shifts", "chars"):
+        assert torch.equal(getattr(forked, name), getattr(pool, name)), name
 
 
 def test_shifted_view_matches_its_spotting_target(pool_setup):
