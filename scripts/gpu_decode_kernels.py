@@ -95,8 +95,11 @@ def compile_cubin(source: str, arch: str, name: str = "decode_gemv.cu") -> bytes
     return cubin.raw
 
 
+VARIANTS = {"gemv": (("gemv", 1), ("gemv2", 2)), "swiglu": (("swiglu", 1),)}   # kernel, output rows per warp
+
+
 def kernel_names() -> list[str]:
-    return [f"{kind}_m{m}_ks{ks}" for kind in ("gemv", "swiglu") for m in SLOTS for ks in SPLITS]
+    return [f"{name}_m{m}_ks{ks}" for vs in VARIANTS.values() for name, _ in vs for m in SLOTS for ks in SPLITS]
 
 
 # ------------------------------------------------------------------------------------------- driver API
@@ -130,8 +133,8 @@ class Module:
                                            params, None), f"cuLaunchKernel({name})")
 
 
-def grid_for(n: int, ks: int) -> int:
-    rows = 8 // ks
+def grid_for(n: int, ks: int, rows_per_warp: int = 1) -> int:
+    rows = 8 // ks * rows_per_warp
     return (n + rows - 1) // rows
 
 
@@ -198,9 +201,9 @@ def bench(args) -> dict:
                 g, u = ref[:, 0::2].half().float(), ref[:, 1::2].half().float()
                 ref = (g * torch.sigmoid(g)).half().float() * u
             best = None
-            for ks in SPLITS:
-                fname = f"{kind}_m{m}_ks{ks}"
-                grid = grid_for(n, ks)
+            for (kname, per_warp), ks in ((v, ks) for v in VARIANTS[kind] for ks in SPLITS):
+                fname = f"{kname}_m{m}_ks{ks}"
+                grid = grid_for(n, ks, per_warp)
 
                 def custom(fname=fname, grid=grid, ws=w):
                     st = torch.cuda.current_stream().cuda_stream
@@ -213,15 +216,15 @@ def bench(args) -> dict:
                 torch.cuda.synchronize()
                 err = float((y.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
                 us = round(_time_graph(torch, custom, args.replays) / layers * 1e6, 2)
-                row[f"ks{ks}_us"], row[f"ks{ks}_max_rel_err"] = us, round(err, 6)
-                if err < 2e-2 and (best is None or us < row[f"ks{best}_us"]):
-                    best = ks
-            row["best_ks"] = best
-            row["custom_us"] = row[f"ks{best}_us"] if best else None
+                row[f"{kname}_ks{ks}_us"], row[f"{kname}_ks{ks}_max_rel_err"] = us, round(err, 6)
+                if err < 2e-2 and (best is None or us < row[f"{best}_us"]):
+                    best = f"{kname}_ks{ks}"
+            row["best"] = best
+            row["custom_us"] = row[f"{best}_us"] if best else None
             row["speedup"] = round(row["cublas_us"] / row["custom_us"], 3) if best else None
             out["ops"][f"{name}_m{m}"] = row
             print(f"{name:8s} M={m}  n={n:6d} k={k:5d}  floor {row['byte_floor_us']:7.2f} us  cuBLAS "
-                  f"{row['cublas_us']:7.2f} us  custom {row['custom_us']} us (KS {best})  "
+                  f"{row['cublas_us']:7.2f} us  custom {row['custom_us']} us ({best})  "
                   f"x{row['speedup']}", flush=True)
         del w, w_onnx
         torch.cuda.empty_cache()

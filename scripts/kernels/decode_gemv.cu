@@ -3,7 +3,9 @@
 // converted with PTX, so the source compiles the same for every architecture NVRTC targets (sm_87 Orin,
 // sm_89 RTX 4090D, sm_90 H200).
 //
-//   gemv_m{M}_ks{KS}(x, w, y, n, k)         y[m, r] = sum_j x[m, j] * w[r, j]
+//   gemv_m{M}_ks{KS}(x, w, y, n, k)         y[m, r] = sum_j x[m, j] * w[r, j]; a warp per row
+//   gemv2_m{M}_ks{KS}(x, w, y, n, k)        the same, a warp per two rows (each activation vector read once
+//                                           for both)
 //   swiglu_m{M}_ks{KS}(x, w, y, n, k)       g, u = the rows 2r and 2r+1 of w applied to x[m]
 //                                           y[m, r] = silu(g) * u, rounded as ONNX Runtime's
 //                                           MatMul -> QuickGelu -> Mul chain rounds (fp16 between ops)
@@ -43,46 +45,54 @@ __device__ __forceinline__ void unpack8(uint4 v, float* f) {
   }
 }
 
-template <int M>
-__device__ __forceinline__ void fma8(const float* wf, const uint4* __restrict__ x, int v, int kv, float* acc) {
+// acc[r][m] += the 8 products of weight vector w[r] and activation vector xf[m]
+template <int M, int R>
+__device__ __forceinline__ void fma_rows(const uint4* w, const float (*xf)[8], float (*acc)[M]) {
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    float xf[8];
-    unpack8(__ldg(x + (size_t)m * kv + v), xf);
+  for (int r = 0; r < R; ++r) {
+    float wf[8];
+    unpack8(w[r], wf);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[m] = fmaf(wf[j], xf[j], acc[m]);
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[r][m] = fmaf(wf[j], xf[m][j], acc[r][m]);
   }
 }
 
+template <int M>
+__device__ __forceinline__ void load_x(const uint4* __restrict__ x, int v, int kv, float (*xf)[8]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) unpack8(__ldg(x + (size_t)m * kv + v), xf[m]);
+}
+
 // Sum of R weight rows (rows[0..R)) against every x row, over this warp's share of k.  4 vectors of each row
-// are loaded before any arithmetic, so a warp keeps 4 * R * 512 bytes of weights in flight.
+// are loaded before any arithmetic, so a warp keeps 4 * R * 512 bytes of weights in flight; each activation
+// vector is read once per position and used by all R rows (with M = 8 slots, reading it once per row would
+// move more bytes through L1 than the weights themselves).
 template <int M, int KS, int R>
 __device__ __forceinline__ void dot_rows(const uint4* __restrict__ x, const uint4* const* rows, int kv, int part,
                                          int lane, float (*acc)[M]) {
   const int stride = 32 * KS;
   int v = part * 32 + lane;
+  float xf[M][8];
   for (; v + 3 * stride < kv; v += 4 * stride) {
-    uint4 wv[R][4];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int u = 0; u < 4; ++u) wv[r][u] = __ldg(rows[r] + v + u * stride);
+    uint4 wv[4][R];
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        float wf[8];
-        unpack8(wv[r][u], wf);
-        fma8<M>(wf, x, v + u * stride, kv, acc[r]);
-      }
+      for (int r = 0; r < R; ++r) wv[u][r] = __ldg(rows[r] + v + u * stride);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      load_x<M>(x, v + u * stride, kv, xf);
+      fma_rows<M, R>(wv[u], xf, acc);
+    }
   }
   for (; v < kv; v += stride) {
+    uint4 wv[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float wf[8];
-      unpack8(__ldg(rows[r] + v), wf);
-      fma8<M>(wf, x, v, kv, acc[r]);
-    }
+    for (int r = 0; r < R; ++r) wv[r] = __ldg(rows[r] + v);
+    load_x<M>(x, v, kv, xf);
+    fma_rows<M, R>(wv, xf, acc);
   }
 }
 
@@ -117,22 +127,30 @@ __device__ __forceinline__ bool reduce_rows(float (*acc)[M], int warp, int lane)
   return true;
 }
 
-template <int M, int KS>
+template <int M, int KS, int R>
 __device__ __forceinline__ void gemv_body(const half_t* __restrict__ x, const half_t* __restrict__ w,
                                           half_t* __restrict__ y, int n, int k) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row = blockIdx.x * (8 / KS) + warp / KS;
+  const int row0 = (blockIdx.x * (8 / KS) + warp / KS) * R;         // this warp's R consecutive rows
   const int kv = k >> 3;                                            // 16-byte vectors per row
-  float acc[1][M];
+  float acc[R][M];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[0][m] = 0.f;
-  if (row < n) {
-    const uint4* rows[1] = {reinterpret_cast<const uint4*>(w) + (size_t)row * kv};
-    dot_rows<M, KS, 1>(reinterpret_cast<const uint4*>(x), rows, kv, warp % KS, lane, acc);
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.f;
+  if (row0 < n) {
+    const uint4* rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r)                                     // a row past n reads row n - 1 (not stored)
+      rows[r] = reinterpret_cast<const uint4*>(w) + (size_t)min(row0 + r, n - 1) * kv;
+    dot_rows<M, KS, R>(reinterpret_cast<const uint4*>(x), rows, kv, warp % KS, lane, acc);
   }
-  if (reduce_rows<M, KS, 1>(acc, warp, lane) && row < n)
+  if (reduce_rows<M, KS, R>(acc, warp, lane))
 #pragma unroll
-    for (int m = 0; m < M; ++m) y[(size_t)m * n + row] = f2h(acc[0][m]);
+    for (int r = 0; r < R; ++r)
+      if (row0 + r < n)
+#pragma unroll
+        for (int m = 0; m < M; ++m) y[(size_t)m * n + row0 + r] = f2h(acc[r][m]);
 }
 
 template <int M, int KS>
@@ -161,7 +179,11 @@ __device__ __forceinline__ void swiglu_body(const half_t* __restrict__ x, const 
 #define EDGEOCR_KERNELS(MM, KS)                                                                             \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       gemv_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k) {                        \
-    gemv_body<MM, KS>(x, w, y, n, k);                                                                        \
+    gemv_body<MM, KS, 1>(x, w, y, n, k);                                                                     \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(256)                                                          \
+      gemv2_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k) {                       \
+    gemv_body<MM, KS, 2>(x, w, y, n, k);                                                                     \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       swiglu_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k) {                      \
