@@ -11,7 +11,7 @@
 # back from an earlier call). Env: POOL_PAGES (6144), BATCH (32), EVAL_PAGES (8), EVAL_HTML_PAGES (8), EVAL_BATCH (8:
 # pages per generate call when measuring), DIAG_PAGES (8),
 # RUN (/tmp/edgeocr-cur), OUT ($RUN/out), DEADLINE_S (560 s from this script's start: each stage is shortened, or
-# skipped, so that the checkpoint is packed and measured before then; RESERVE_S, 200, is what a stage's start, the
+# skipped, so that the checkpoint is packed and measured before then; RESERVE_S, 150, is what a stage's start, the
 # packing and the measuring take; subtract what the call does before the script from DEADLINE_S). Results in $OUT: final.tar.gz (bf16 checkpoint of the last stage,
 # every stage's train_log.jsonl, run_summary.json and train_config.json; written before measuring), diag.json,
 # eval.json, eval_html.json and cur.log. Wall time on one H200 with 16 cores: the first pool (about 75 s for 8,192 pages) + the
@@ -47,7 +47,7 @@ done
 # a pool that fails leaves a .failed marker and stops the stages; the pools still rendering when the script ends
 # are stopped
 T0=$(date +%s)
-left_s() { echo $(( ${DEADLINE_S:-560} - $(date +%s) + T0 - ${RESERVE_S:-200} )); }
+left_s() { echo $(( ${DEADLINE_S:-560} - $(date +%s) + T0 - ${RESERVE_S:-150} )); }
 workers=$(( $(nproc) > 2 ? $(nproc) - 1 : 1 ))
 rm -f "$RUN"/pool-*.ready "$RUN"/pool-*.failed
 (
