@@ -14,6 +14,7 @@ Exit codes: 0 gates hold, 3 a gate failed, 1 a page could not be read (or an err
 
 from __future__ import annotations
 
+import argparse
 import csv
 import hashlib
 import io
@@ -319,6 +320,26 @@ def run_check(reference: str, candidate: str, data: str, out: Path, task: str = 
     return code, dict(summary, meta=meta)
 
 
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in 0..1 (one point of CER is 0.01)")
+    return v
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return v
+
+
 def add_arguments(ap) -> None:
     ap.add_argument("--reference", required=True,
                     help="artifact directory (python -m quantize compare also takes hf:CHECKPOINT for transformers)")
@@ -327,16 +348,18 @@ def add_arguments(ap) -> None:
     ap.add_argument("--task", default=prompts.DEFAULT_TASK, choices=[*prompts.task_names(), FIELDS_TASK],
                     metavar="TASK", help=f"official task (edgeocr tasks lists them), or '{FIELDS_TASK}' to ask for "
                                          "the labelled fields as JSON (default %(default)s)")
-    ap.add_argument("--lang", choices=["zh", "en"], default="zh")
-    ap.add_argument("--max-new-tokens", type=int, default=512, help="tokens per page and side (default %(default)s)")
+    ap.add_argument("--lang", choices=["zh", "en"], default="zh", help="prompt language (default %(default)s)")
+    ap.add_argument("--max-new-tokens", type=_positive, default=512, help="tokens per page and side (default %(default)s)")
     ap.add_argument("--out", default="check-report", help="report path without suffix (writes .json, .csv, .pages.jsonl)")
-    ap.add_argument("--max-cer-increase", type=float, default=None, help="gate: CER increase in absolute terms, e.g. 0.01")
-    ap.add_argument("--min-agreement", type=float, default=None, help="gate: minimum share of pages with identical tokens")
+    ap.add_argument("--max-cer-increase", type=_fraction, default=None,
+                    help="gate: CER increase in absolute terms, 0..1 (0.01 is one point)")
+    ap.add_argument("--min-agreement", type=_fraction, default=None,
+                    help="gate: minimum share of pages with identical tokens, 0..1")
     ap.add_argument("--no-resume", action="store_true", help="start over even if OUT.pages.jsonl exists")
     ap.add_argument("--reference-device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--candidate-device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--limit", type=int, default=None, help="only the first N pages")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--limit", type=_positive, default=None, help="only the first N pages")
+    ap.add_argument("--threads", type=_positive, default=None, help="CPU threads per side (default: all cores)")
     ap.add_argument("--show-pages", action="store_true",
                     help="also print each page's ground truth beside both outputs (first 80 characters) with its CER")
     ap.add_argument("--max-pixels", type=int, default=None, metavar="N",

@@ -15,6 +15,9 @@ def _line(ok: bool | str | None, what: str, detail: str) -> None:
     print(f"[{mark}] {what:22s} {detail}")
 
 
+CANNOT_LOAD = "it does not load on the CPU"          # device_fit's one finding that is a failure, not a fit
+
+
 def device_fit(art, device: str) -> list[str]:
     """Why `art` is a poor fit for ONNX Runtime on `device` ("cpu" | "cuda"), one sentence each; [] when it
     fits.  The figures are the measured ones in docs/int8.md (which artifact on which device)."""
@@ -34,7 +37,7 @@ def device_fit(art, device: str) -> list[str]:
         if acts == "fp16":
             out.append("FP16 activations: ONNX Runtime's CPU provider computes them slowly; use an FP32-based artifact")
         if fused_cuda:
-            out.append("fused for ONNX Runtime's CUDA provider: it does not load on the CPU; fuse the exported "
+            out.append(f"fused for ONNX Runtime's CUDA provider: {CANNOT_LOAD}; fuse the exported "
                        "artifact with --target portable")
         if art.decoder.attention == "masked":
             out.append("masked decoder: every step attends over the whole static cache; export with "
@@ -98,7 +101,9 @@ def doctor(artifact: str | None, remote: str | None) -> int:
             device = "cuda" if "CUDAExecutionProvider" in provs and gpu else "cpu"
             warnings = device_fit(m, device)
             for w in warnings:
-                _line("warn", f"artifact on {device}", w)
+                unusable = CANNOT_LOAD in w                      # not a poor fit: it does not run here at all
+                failures += unusable
+                _line(False if unusable else "warn", f"artifact on {device}", w)
             if not warnings:
                 _line(True, f"artifact on {device}", "a good fit (docs/int8.md: which artifact on which device)")
         except EdgeOCRError as e:

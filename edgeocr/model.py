@@ -121,6 +121,8 @@ class OCRModel:
 
     def instruction(self, task: str | None, prompt: str | None, lang: str = "zh") -> tuple[str, str | None]:
         if prompt is not None:
+            if task is not None:
+                raise PromptError(f"give either a task or a custom prompt, not both (task {task!r})")
             if not isinstance(prompt, str) or not prompt.strip():
                 raise PromptError("custom prompt must be a non-empty string")
             return prompt, None

@@ -9,7 +9,7 @@
 set -euo pipefail
 
 PREFIX=/opt/edgeocr
-JETSON_PIP_INDEX=${JETSON_PIP_INDEX:-https://pypi.jetson-ai-lab.dev/jp6/cu126}
+JETSON_PIP_INDEX=${JETSON_PIP_INDEX:-https://pypi.jetson-ai-lab.io/jp6/cu126}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 platform=auto; action=install; purge=0
 while [ $# -gt 0 ]; do

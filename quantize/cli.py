@@ -46,6 +46,9 @@ def _export_options(args, precision: str):
                          attention=args.attention, select_on_device=args.select_on_device)
 
 
+_CALIB_DEFAULTS = (Path("calibration_data/calib"), Path(__file__).resolve().parents[1] / "calibration_data" / "calib")
+
+
 def _int8(args) -> None:
     """Checkpoint -> FP32 export in a scratch directory -> calibrated INT8 artifact."""
     import shutil
@@ -54,7 +57,16 @@ def _int8(args) -> None:
     from quantize.export import export
     from quantize.int8 import Int8Options, build_int8
 
+    from edgeocr.dataset import load_dir
+
     t0 = time.perf_counter()
+    calib = args.calib or next((p for p in _CALIB_DEFAULTS if p.is_dir()), _CALIB_DEFAULTS[0])
+    samples = load_dir(calib)                 # before the export: a wrong folder costs nothing
+    need = args.calib_images + args.holdout_images
+    if len(samples) < need:
+        raise ValueError(f"{calib} has {len(samples)} images; {need} needed ({args.calib_images} calibration "
+                         f"+ {args.holdout_images} held out: --calib-images, --holdout-images)")
+    args.calib = calib
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=args.out.parent, prefix=".fp32-"))
     try:
@@ -97,18 +109,22 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("export", help="checkpoint -> FP32/FP16 ONNX artifact directory")
     _export_args(e)
-    e.add_argument("--precision", choices=["fp32", "fp16"], default="fp32")
+    e.add_argument("--precision", choices=["fp32", "fp16"], default="fp32",
+                   help="weights and activations (default %(default)s; fp16 for GPUs)")
     b = sub.add_parser("int8", help="checkpoint + calibration images -> calibrated INT8 artifact (explicit Q/DQ)")
     _export_args(b)
-    b.add_argument("--calib", type=Path, default=Path("calibration_data/calib"), help="calibration images")
-    b.add_argument("--calib-images", type=int, default=32)
-    b.add_argument("--holdout-images", type=int, default=8)
+    b.add_argument("--calib", type=Path, default=None,
+                   help="calibration images (default: calibration_data/calib here, else the source tree's)")
+    b.add_argument("--calib-images", type=int, default=32,
+                   help="images whose activations set the INT8 ranges (default %(default)s)")
+    b.add_argument("--holdout-images", type=int, default=8,
+                   help="further images the accuracy gate measures on (default %(default)s)")
     b.add_argument("--no-sensitivity", action="store_true",
                    help="measure the held-out gate but do not revert layers when it fails")
-    w = sub.add_parser("weight-int8", help="FP16/FP32 artifact -> decoder MatMul weights as 8-bit blocks "
+    w = sub.add_parser("weight-int8", help="FP16/FP32 artifact -> MatMul weights as 8-bit blocks (decoder, and vision unless --decoder-only) "
                        "(ONNX Runtime MatMulNBits: fewer bytes read per decoded token; no calibration)")
-    w.add_argument("artifact", type=Path)
-    w.add_argument("out", type=Path)
+    w.add_argument("artifact", type=Path, help="the FP16/FP32 artifact directory to read")
+    w.add_argument("out", type=Path, help="artifact directory to write")
     w.add_argument("--block-size", type=int, default=32, help="inputs sharing one scale (power of two >= 16)")
     w.add_argument("--include-lm-head", action="store_true",
                    help="also the (tied) lm_head, as a second INT8 copy of the embedding (slower on ORT 1.31 CUDA)")
@@ -121,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--bits", type=int, choices=[8, 4], default=8, help="weight bits (4: smaller, less exact)")
     f = sub.add_parser("fuse", help="artifact -> the same artifact with fused ONNX Runtime graphs (fewer kernels "
                        "per decode step and per vision call; run before weight-int8)")
-    f.add_argument("artifact", type=Path)
+    f.add_argument("artifact", type=Path, help="the exported artifact directory to read")
     f.add_argument("out", type=Path, help="fused artifact directory (may equal ARTIFACT)")
     f.add_argument("--target", choices=["cuda", "portable"], default="cuda",
                    help="cuda (default): also ops only ONNX Runtime's CUDA EP runs; portable: every EP, CPU included")
@@ -129,15 +145,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="cuda target: keep q|k|v split and the Q/K norms outside GroupQueryAttention")
     ss = sub.add_parser("step-state", help="gqa + in-graph-selection artifact -> the same artifact whose decode "
                         "step reads and advances its own state in device buffers (no host-to-device copy a step)")
-    ss.add_argument("artifact", type=Path)
+    ss.add_argument("artifact", type=Path, help="the artifact directory to read")
     ss.add_argument("out", type=Path, help="artifact directory to write (not ARTIFACT)")
     rs = sub.add_parser("reslot", help="artifact -> the same graphs with another slot count (the decoder takes "
                         "any batch; ONNX Runtime flavours; TensorRT engines must be rebuilt)")
-    rs.add_argument("artifact", type=Path)
-    rs.add_argument("out", type=Path)
+    rs.add_argument("artifact", type=Path, help="the artifact directory to read")
+    rs.add_argument("out", type=Path, help="artifact directory to write")
     rs.add_argument("--slots", type=int, required=True, help="pages decoded at once")
     t = sub.add_parser("tiny", help="make a tiny random-weight HunyuanVL checkpoint (tests, demos)")
-    t.add_argument("out", type=Path)
+    t.add_argument("out", type=Path, help="checkpoint directory to write")
     t.add_argument("--config", choices=["tiny-a", "tiny-b"], default="tiny-a")
     t.add_argument("--seed", type=int, default=0)
     sub.add_parser("train", help="train the demo model (options: python -m quantize train --help)", add_help=False)
@@ -165,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         return docgen_main(argv[1:])
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    out = getattr(args, "out", None)
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        print(f"error: {out} is a file; OUT is the artifact directory to write", file=sys.stderr)
+        return 2
     try:
         if args.cmd == "export":
             from quantize.export import export

@@ -140,6 +140,11 @@ def test_cli_reports_exit_codes_and_resume(art_a, art_b, tmp_path):
     assert r.returncode == 1 and "no manifest.json" in r.stderr
     r = _check("--reference", str(art_a))
     assert r.returncode == 2
+    for gate, value in (("--max-cer-increase", "1.5"), ("--min-agreement", "50"), ("--max-cer-increase", "-0.1")):
+        r = _check("--reference", str(art_a), "--candidate", str(art_a), *base, gate, value)   # a gate that could
+        assert r.returncode == 2 and "is not a fraction in 0..1" in r.stderr, (gate, value)   # never fail, refused
+    r = _check("--reference", str(art_a), "--candidate", str(art_a), "--data", str(data), "--limit", "0")
+    assert r.returncode == 2 and "'0' is not a positive integer" in r.stderr
 
 
 def test_unreadable_pages_are_error_rows_and_the_run_goes_on(art_a, tmp_path):

@@ -71,3 +71,8 @@ def test_export_cli_reports_sizes(ckpt_a, tmp_path):
     assert m["kv_cache"]["cache_len"] == 1200 and m["rope"]["layout"] == "B"
     p = run("-m", "quantize", "export", str(tmp_path), str(tmp_path / "x"), check=False)
     assert p.returncode == 2 and "missing config.json" in p.stderr
+    p = run("-m", "quantize", "export", str(ckpt_a), str(tmp_path / "art" / "manifest.json"), check=False)
+    assert p.returncode == 2 and "is a file; OUT is the artifact directory" in p.stderr and "Traceback" not in p.stderr
+    # int8: a calibration folder that is not there is found before the export, and nothing is written
+    p = run("-m", "quantize", "int8", str(ckpt_a), str(tmp_path / "q8"), "--calib", str(tmp_path / "nope"), check=False)
+    assert p.returncode == 2 and "nope" in p.stderr and "exporting" not in p.stderr and not (tmp_path / "q8").exists()

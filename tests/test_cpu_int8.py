@@ -180,6 +180,21 @@ def test_doctor_says_the_onnxruntime_is_too_old(cpu_arts, monkeypatch, capsys):
     assert "[FAIL] artifact/onnxruntime" in out and "needs ONNX Runtime >= 1.23.0" in out
 
 
+def test_doctor_fails_an_artifact_that_cannot_load_here(cpu_arts, tmp_path, capsys):
+    """A CUDA-fused artifact on a CPU-only machine is not a poor fit but unusable: [FAIL], exit 1."""
+    import json
+    import shutil
+
+    from edgeocr.doctor import doctor
+    art = tmp_path / "cuda-fused"
+    shutil.copytree(cpu_arts["fp32"], art)
+    m = json.loads((art / "manifest.json").read_text())
+    m["export"]["fusion"] = {"cuda_only_ops": ["GroupQueryAttention"]}
+    (art / "manifest.json").write_text(json.dumps(m))
+    assert doctor(str(art), None) == 1
+    assert "[FAIL] artifact on cpu" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------ bench: threads and kernel share
 def test_bench_cpu_prints_threads_and_kernel_share(cpu_arts, tmp_path):
     out = tmp_path / "b.json"

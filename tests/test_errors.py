@@ -148,6 +148,8 @@ def test_prompt_errors(model):
         model.recognize(img, task="poetry")
     with pytest.raises(PromptError, match="non-empty"):
         model.recognize(img, prompt="   ")
+    with pytest.raises(PromptError, match="either a task or a custom prompt, not both"):
+        model.recognize(img, task="spotting", prompt="Output the value of Total.")
     with pytest.raises(PromptError, match="max_new_tokens"):
         model.recognize(img, options=DecodeOptions(max_new_tokens=0))
 
