@@ -330,17 +330,9 @@ def _fraction(text: str) -> float:
     return v
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return v
-
-
 def add_arguments(ap) -> None:
+    from edgeocr.cli import positive_int
+
     ap.add_argument("--reference", required=True,
                     help="artifact directory (python -m quantize compare also takes hf:CHECKPOINT for transformers)")
     ap.add_argument("--candidate", required=True, help="artifact directory (or hf:CHECKPOINT, as --reference)")
@@ -349,7 +341,7 @@ def add_arguments(ap) -> None:
                     metavar="TASK", help=f"official task (edgeocr tasks lists them), or '{FIELDS_TASK}' to ask for "
                                          "the labelled fields as JSON (default %(default)s)")
     ap.add_argument("--lang", choices=["zh", "en"], default="zh", help="prompt language (default %(default)s)")
-    ap.add_argument("--max-new-tokens", type=_positive, default=512, help="tokens per page and side (default %(default)s)")
+    ap.add_argument("--max-new-tokens", type=positive_int, default=512, help="tokens per page and side (default %(default)s)")
     ap.add_argument("--out", default="check-report", help="report path without suffix (writes .json, .csv, .pages.jsonl)")
     ap.add_argument("--max-cer-increase", type=_fraction, default=None,
                     help="gate: CER increase in absolute terms, 0..1 (0.01 is one point)")
@@ -358,8 +350,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("--no-resume", action="store_true", help="start over even if OUT.pages.jsonl exists")
     ap.add_argument("--reference-device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--candidate-device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--limit", type=_positive, default=None, help="only the first N pages")
-    ap.add_argument("--threads", type=_positive, default=None, help="CPU threads per side (default: all cores)")
+    ap.add_argument("--limit", type=positive_int, default=None, help="only the first N pages")
+    ap.add_argument("--threads", type=positive_int, default=None, help="CPU threads per side (default: all cores)")
     ap.add_argument("--show-pages", action="store_true",
                     help="also print each page's ground truth beside both outputs (first 80 characters) with its CER")
     ap.add_argument("--max-pixels", type=int, default=None, metavar="N",

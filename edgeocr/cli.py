@@ -106,7 +106,8 @@ def preprocess_limit(value: int | None) -> int:
         raise pages.InputPathError(str(e).replace("max_pixels", "--max-pixels")) from None
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1, else an error naming the value (exit 2)."""
     try:
         v = int(text)
     except ValueError:
@@ -446,9 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("artifact", help="artifact directory")
     b.add_argument("--image", help="image to use (default: a built-in synthetic page)")
     b.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default %(default)s")
-    b.add_argument("--tokens", type=_positive_int, default=64,
+    b.add_argument("--tokens", type=positive_int, default=64,
                    help="tokens to generate, stop ids ignored, up to what the KV cache holds (default %(default)s)")
-    b.add_argument("--repeats", type=_positive_int, default=1, help="timed runs; the fastest is reported (default 1)")
+    b.add_argument("--repeats", type=positive_int, default=1, help="timed runs; the fastest is reported (default 1)")
     b.add_argument("--task", choices=prompts.task_names(), default="spotting")
     b.add_argument("--threads", type=int, default=None)
     _graph_arg(b)

@@ -15,14 +15,18 @@ def _line(ok: bool | str | None, what: str, detail: str) -> None:
     print(f"[{mark}] {what:22s} {detail}")
 
 
-CANNOT_LOAD = "it does not load on the CPU"          # device_fit's one finding that is a failure, not a fit
+def load_problem(art, device: str) -> str | None:
+    """Why `art` cannot load with ONNX Runtime on `device` at all (a failure, not a poor fit), or None."""
+    if device == "cpu" and art.export.get("fusion", {}).get("cuda_only_ops"):
+        return ("fused for ONNX Runtime's CUDA provider: it does not load on the CPU; fuse the exported artifact "
+                "with --target portable")
+    return None
 
 
 def device_fit(art, device: str) -> list[str]:
     """Why `art` is a poor fit for ONNX Runtime on `device` ("cpu" | "cuda"), one sentence each; [] when it
     fits.  The figures are the measured ones in docs/int8.md (which artifact on which device)."""
     w8 = art.export.get("weight_int8") or {}
-    fused_cuda = bool(art.export.get("fusion", {}).get("cuda_only_ops"))
     acts = w8.get("activations", art.precision)
     cpu_fix = "for the CPU build `python -m quantize weight-int8 FP32_ARTIFACT OUT --target cpu`"
     out = []
@@ -36,9 +40,6 @@ def device_fit(art, device: str) -> list[str]:
                        f"{cpu_fix}")
         if acts == "fp16":
             out.append("FP16 activations: ONNX Runtime's CPU provider computes them slowly; use an FP32-based artifact")
-        if fused_cuda:
-            out.append(f"fused for ONNX Runtime's CUDA provider: {CANNOT_LOAD}; fuse the exported "
-                       "artifact with --target portable")
         if art.decoder.attention == "masked":
             out.append("masked decoder: every step attends over the whole static cache; export with "
                        "--attention gqa for attention over the live length only")
@@ -99,12 +100,13 @@ def doctor(artifact: str | None, remote: str | None) -> int:
                     failures += 1
                 _line(not short, "artifact/onnxruntime", short or f"needs >= {req}, have {ort.__version__}")
             device = "cuda" if "CUDAExecutionProvider" in provs and gpu else "cpu"
-            warnings = device_fit(m, device)
+            problem, warnings = load_problem(m, device), device_fit(m, device)
+            if problem:
+                failures += 1
+                _line(False, f"artifact on {device}", problem)
             for w in warnings:
-                unusable = CANNOT_LOAD in w                      # not a poor fit: it does not run here at all
-                failures += unusable
-                _line(False if unusable else "warn", f"artifact on {device}", w)
-            if not warnings:
+                _line("warn", f"artifact on {device}", w)
+            if not warnings and not problem:
                 _line(True, f"artifact on {device}", "a good fit (docs/int8.md: which artifact on which device)")
         except EdgeOCRError as e:
             failures += 1

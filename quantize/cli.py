@@ -55,25 +55,18 @@ def _int8(args) -> None:
     import tempfile
 
     from quantize.export import export
-    from quantize.int8 import Int8Options, build_int8
-
-    from edgeocr.dataset import load_dir
+    from quantize.int8 import Int8Options, build_int8, calibration_images
 
     t0 = time.perf_counter()
     calib = args.calib or next((p for p in _CALIB_DEFAULTS if p.is_dir()), _CALIB_DEFAULTS[0])
-    samples = load_dir(calib)                 # before the export: a wrong folder costs nothing
-    need = args.calib_images + args.holdout_images
-    if len(samples) < need:
-        raise ValueError(f"{calib} has {len(samples)} images; {need} needed ({args.calib_images} calibration "
-                         f"+ {args.holdout_images} held out: --calib-images, --holdout-images)")
-    args.calib = calib
+    opts = Int8Options(calib_images=args.calib_images, holdout_images=args.holdout_images,
+                       max_reverted=0 if args.no_sensitivity else Int8Options.max_reverted)
+    calibration_images(calib, opts)           # before the export: a wrong folder costs nothing
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=args.out.parent, prefix=".fp32-"))
     try:
         export(args.checkpoint, work, _export_options(args, "fp32"), progress=_progress)
-        m = build_int8(work, args.calib, args.out, Int8Options(
-            calib_images=args.calib_images, holdout_images=args.holdout_images,
-            max_reverted=0 if args.no_sensitivity else Int8Options.max_reverted), progress=_progress)
+        m = build_int8(work, calib, args.out, opts, progress=_progress)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     _print_sizes(m, args.out)

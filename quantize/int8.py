@@ -353,10 +353,21 @@ def store_large_fp32_as_fp16(model, min_bytes: int = 8 << 20, base_dir: Path | N
     return done
 
 
+def calibration_images(calib_dir: Path, opts: Int8Options) -> list[Path]:
+    """The first calib_images + holdout_images image paths of `calib_dir`; ValueError when it has fewer."""
+    from edgeocr.dataset import load_dir
+
+    samples = load_dir(calib_dir)
+    need = opts.calib_images + opts.holdout_images
+    if len(samples) < need:
+        raise ValueError(f"{calib_dir} has {len(samples)} images; {need} needed ({opts.calib_images} calibration "
+                         f"+ {opts.holdout_images} held out: --calib-images, --holdout-images)")
+    return [s.path for s in samples[:need]]
+
+
 def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Options = Int8Options(),
                progress: Callable[[str], None] | None = None) -> af.Artifact:
     """FP32 artifact + calibration images -> INT8 artifact (explicit Q/DQ)."""
-    from edgeocr.dataset import load_dir
     from quantize.export import _file_table, _save
 
     say = progress or (lambda s: log.info("%s", s))
@@ -365,12 +376,7 @@ def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Option
     src = af.read(fp32_artifact)
     if src.precision != "fp32":
         raise ValueError(f"{fp32_artifact} is {src.precision}; INT8 calibration starts from an FP32 artifact")
-    samples = load_dir(calib_dir)
-    need = opts.calib_images + opts.holdout_images
-    if len(samples) < need:
-        raise ValueError(f"{calib_dir} has {len(samples)} images; {need} needed "
-                         f"({opts.calib_images} calibration + {opts.holdout_images} held out)")
-    paths = [s.path for s in samples[:need]]
+    paths = calibration_images(calib_dir, opts)
     vis, dec = capture(fp32_artifact, paths, opts.decode_tokens, say)
     c, h = opts.calib_images, opts.holdout_images
     out.mkdir(parents=True, exist_ok=True)

@@ -104,6 +104,9 @@ class TransformersRunner:
         pixels, ids, lb = self.page(image, task, prompt, lang)
         return inputs(self.model, pixels, ids), lb
 
+    def recognize(self, image, task=None, prompt=None, lang="zh", options=None) -> OCRResult:
+        return self.recognize_many([image], task, prompt, lang, options)[0]
+
     def recognize_many(self, images, task=None, prompt=None, lang="zh", options=None) -> list[OCRResult]:
         """recognize() of several pages in one batched generate: one canvas size and one instruction give every
         page the same prompt length, so no row is padded; each row ends at its first stop id, as it would alone
@@ -120,30 +123,14 @@ class TransformersRunner:
                                       repetition_penalty=options.repetition_penalty or self.penalty,
                                       eos_token_id=self.stop_ids, pad_token_id=self.stop_ids[0])
         t2 = time.perf_counter()
+        timings = {"preprocess": (t1 - t0) * 1e3, "generate": (t2 - t1) * 1e3, "total": (t2 - t0) * 1e3}
         results = []
         for row, (_, _, lb) in zip(out[:, n_prompt:].tolist(), pages):
-            end = next((i + 1 for i, t in enumerate(row) if t in self.stop_ids), len(row))
-            results.append(self._result(row[:end], task, lb, n_prompt, t0, t1, t2))
+            gen = row[:next((i + 1 for i, t in enumerate(row) if t in self.stop_ids), len(row))]
+            text = self.tok.decode(gen)
+            stop = bool(gen) and gen[-1] in self.stop_ids
+            lines = postprocess.parse_spotting(text, lb, preprocess.CANVAS) if task in prompts.SPOTTING_TASKS else []
+            results.append(OCRResult(text=text, lines=lines, finish_reason=FinishReason.STOP if stop else
+                                     FinishReason.LENGTH, prompt_tokens=n_prompt, generated_tokens=len(gen),
+                                     token_ids=gen, task=task, image_size=(lb.width, lb.height), timings_ms=timings))
         return results
-
-    def _result(self, gen: list[int], task, lb, n_prompt: int, t0: float, t1: float, t2: float) -> OCRResult:
-        text = self.tok.decode(gen)
-        stop = bool(gen) and gen[-1] in self.stop_ids
-        lines = postprocess.parse_spotting(text, lb, preprocess.CANVAS) if task in prompts.SPOTTING_TASKS else []
-        return OCRResult(text=text, lines=lines, finish_reason=FinishReason.STOP if stop else FinishReason.LENGTH,
-                         prompt_tokens=n_prompt, generated_tokens=len(gen), token_ids=gen, task=task,
-                         image_size=(lb.width, lb.height),
-                         timings_ms={"preprocess": (t1 - t0) * 1e3, "generate": (t2 - t1) * 1e3,
-                                     "total": (t2 - t0) * 1e3})
-
-    def recognize(self, image, task=None, prompt=None, lang="zh", options=None) -> OCRResult:
-        t0 = time.perf_counter()
-        x, lb = self.inputs(image, task, prompt, lang)
-        n_prompt = x["input_ids"].shape[1]
-        t1 = time.perf_counter()
-        with self.torch.no_grad():
-            out = self.model.generate(**x, max_new_tokens=options.max_new_tokens, do_sample=False,
-                                      repetition_penalty=options.repetition_penalty or self.penalty,
-                                      eos_token_id=self.stop_ids, pad_token_id=self.stop_ids[0])
-        gen = out[0, n_prompt:].tolist()
-        return self._result(gen, task, lb, n_prompt, t0, t1, time.perf_counter())

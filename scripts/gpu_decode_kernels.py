@@ -34,6 +34,7 @@ from pathlib import Path
 
 KERNELS = Path(__file__).with_name("kernels") / "decode_gemv.cu"
 ATTENTION = Path(__file__).with_name("kernels") / "decode_attention.cu"
+HEADER = "half.cuh"                                                      # beside them, included by both
 ATTN_KERNELS = ("attn_split", "attn_combine")
 Q_HEADS, KV_HEADS, HEAD_DIM, CACHE_LEN, CHUNK = 16, 8, 128, 4096, 64     # CHUNK: decode_attention.cu's
 SLOTS = (1, 2, 4, 8)                   # the M values the source instantiates
@@ -74,7 +75,9 @@ def compile_cubin(source: str, arch: str, name: str = "decode_gemv.cu") -> bytes
     """The source compiled for `arch` (e.g. sm_90) by NVRTC; a compile error raises with NVRTC's log."""
     lib = _nvrtc()
     prog = ctypes.c_void_p()
-    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None)
+    header = (KERNELS.parent / HEADER).read_bytes()        # the one #include the kernels make
+    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 1,
+                                (ctypes.c_char_p * 1)(header), (ctypes.c_char_p * 1)(HEADER.encode()))
     if rc:
         raise RuntimeError(f"nvrtcCreateProgram: error {rc}")
     opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"-lineinfo"]

@@ -288,7 +288,7 @@ class App:
     # ------------------------------------------------------------------ POST /v1/ocr, /v1/chat/completions
     async def _ocr(self, rx: Exchange, chat: bool) -> None:
         ctype = rx.headers.get("content-type", "").strip().lower()
-        media = ctype.partition(";")[0].strip()          # the media type alone, its parameters aside
+        media = parsing.header_params(ctype)[0]          # the media type alone, its parameters aside
         multipart = media == "multipart/form-data"
         if not (media in ("application/json", "") or (multipart and not chat)):
             kinds = "application/json" if chat else "multipart/form-data or application/json"

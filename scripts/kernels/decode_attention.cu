@@ -1,6 +1,6 @@
 // Decode attention over a static FP16 KV cache (one new query token per slot, grouped-query heads), split
-// over the sequence ("flash decoding"), compiled at run time by NVRTC (scripts/gpu_decode_kernels.py).  No CUDA
-// headers, like decode_gemv.cu.
+// over the sequence ("flash decoding"), compiled at run time by NVRTC (scripts/gpu_decode_kernels.py), no CUDA
+// headers (half.cuh).
 //
 //   attn_split(q, k, v, lens, part_o, part_ml, scale, cache_len, n_splits)
 //       grid (kv_heads, n_splits, slots), 128 threads; block (h, c, s) reads cache rows [c * CHUNK, c * CHUNK +
@@ -20,26 +20,13 @@
 // The grid is fixed for a cache length (n_splits = cache_len / CHUNK), so a CUDA graph captures it once and
 // replays it at any depth.
 
-typedef unsigned short half_t;
-typedef unsigned int u32;
+#include "half.cuh"
 
 #define HEAD_DIM 128
 #define GROUP 2            // query heads per key/value head (16 / 8 in HunyuanOCR's decoder)
 #define CHUNK 64           // cache rows per block
 #define WARPS 4
 #define NEG_INF __int_as_float(0xff800000u)
-
-__device__ __forceinline__ float h2f(half_t h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-}
-
-__device__ __forceinline__ half_t f2h(float f) {
-  half_t h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
-}
 
 extern "C" __global__ void __launch_bounds__(128)
     attn_split(const half_t* __restrict__ q, const half_t* __restrict__ k, const half_t* __restrict__ v,

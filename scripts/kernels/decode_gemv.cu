@@ -1,7 +1,6 @@
 // FP16 matrix-vector kernels for a decode step of a few slots (M <= 8 rows of activations), compiled at run
-// time by NVRTC (scripts/gpu_decode_kernels.py).  No CUDA headers: halves travel as 16-bit integers and are
-// converted with PTX, so the source compiles the same for every architecture NVRTC targets (sm_87 Orin,
-// sm_89 RTX 4090D, sm_90 H200).
+// time by NVRTC (scripts/gpu_decode_kernels.py) for sm_87 Orin, sm_89 RTX 4090D and sm_90 H200 alike (no CUDA
+// headers: half.cuh).
 //
 //   gemv_m{M}_ks{KS}(x, w, y, n, k)         y[m, r] = sum_j x[m, j] * w[r, j]; a warp per row
 //   gemv2_m{M}_ks{KS}(x, w, y, n, k)        the same, a warp per two rows (each activation vector read once
@@ -19,20 +18,7 @@
 // A block is 8 warps.  KS warps share one output row, each summing a strided share of its k (KS = 1 for tall
 // matrices, up to 8 when n is too small to fill the GPU otherwise); accumulation is fp32 throughout.
 
-typedef unsigned short half_t;
-typedef unsigned int u32;
-
-__device__ __forceinline__ float h2f(half_t h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-}
-
-__device__ __forceinline__ half_t f2h(float f) {
-  half_t h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
-}
+#include "half.cuh"
 
 __device__ __forceinline__ float round_h(float f) { return h2f(f2h(f)); }
 
