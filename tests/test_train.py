@@ -111,6 +111,24 @@ def test_glyph_loss_trains_and_stays_out_of_the_checkpoint(tmp_path):
         assert not [k for k in f.keys() if "glyph" in k]
     r = _train(out, 3, "--resume", "--glyph-loss", "1.0")
     assert "resumed at step 2" in r.stderr
+    # the head is kept beside the weights, so a stage that continues this checkpoint continues its head
+    import torch
+    saved = torch.load(out / "checkpoint" / "glyph_head.pt", weights_only=True)
+    r = _train(tmp_path / "next", 1, "--init", str(out / "checkpoint"), "--glyph-loss", "1.0")
+    assert "glyph head: continued from" in r.stderr
+    again = torch.load(tmp_path / "next" / "checkpoint" / "glyph_head.pt", weights_only=True)
+    assert set(again) == set(saved) and all(again[k].shape == saved[k].shape for k in saved)
+    (out / "checkpoint" / "glyph_head.pt").unlink()     # a checkpoint without one: a fresh head, kept off the encoder
+    r = _train(tmp_path / "fresh", 1, "--init", str(out / "checkpoint"), "--glyph-loss", "1.0")
+    assert "glyph head: fresh; the encoder gets no glyph gradient" in r.stderr
+
+
+def test_glyph_head_of_another_shape_is_not_loaded(tmp_path):
+    from quantize.train.glyph import GlyphHead, load_glyph_head, save_glyph_head
+    save_glyph_head(GlyphHead(32, 10, 4), tmp_path)
+    assert load_glyph_head(GlyphHead(32, 10, 4), tmp_path)
+    assert not load_glyph_head(GlyphHead(48, 10, 4), tmp_path)
+    assert not load_glyph_head(GlyphHead(32, 10, 4), tmp_path / "none")
 
 
 @pytest.mark.parametrize("subset", ["nope", "../eval", "/tmp"])

@@ -4,7 +4,8 @@ A linear head on each merged image token's embedding names the characters inside
 slot in reading order (SLOTS softmax classifiers over the generator's charset + 'other' + 'none').
 Cross-entropy summed over the slots, averaged over the tokens.  It teaches the encoder glyphs, and their
 order inside a token, directly instead of only through the decoder.  Training only: the head is kept in
-the resumable state, never in the checkpoint.
+the resumable state and beside the checkpoint's weights (HEAD_FILE, bf16, read by the next stage's --init;
+transformers ignores it), never in the model.
 
 Targets are built on the device from the pool's character positions, after the view's shift: a
 character's cell is where its (shifted) centre falls; its slot is its rank among the characters of that
@@ -13,12 +14,15 @@ cell in reading order (a stable sort); characters past SLOTS in one cell are lef
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 CELL = 32                      # canvas pixels per merged image token (patch 16 x merge 2)
 SLOTS = 6                      # characters per token the loss names, in reading order
+HEAD_FILE = "glyph_head.pt"    # beside a checkpoint's model.safetensors
 
 
 def glyph_targets(chars: torch.Tensor, shifts: torch.Tensor, grid: int, n_cls: int) -> torch.Tensor:
@@ -64,3 +68,21 @@ class GlyphHead(nn.Module):
         logits = self.proj(v).float().reshape(-1, self.n_cls)                     # [B*grid^2*SLOTS, n_cls]
         target = glyph_targets(chars, shifts, self.grid, self.n_cls).reshape(-1)
         return F.cross_entropy(logits, target, reduction="sum") / (b * self.grid * self.grid)
+
+
+def save_glyph_head(head: GlyphHead, checkpoint: "Path") -> None:
+    torch.save({k: v.detach().to("cpu", torch.bfloat16) for k, v in head.state_dict().items()},
+               Path(checkpoint) / HEAD_FILE)
+
+
+def load_glyph_head(head: GlyphHead, checkpoint: "Path") -> bool:
+    """The head saved beside `checkpoint`, if there is one of this head's shape; True when loaded."""
+    f = Path(checkpoint) / HEAD_FILE
+    if not f.exists():
+        return False
+    st = torch.load(f, map_location="cpu", weights_only=True)
+    mine = head.state_dict()
+    if set(st) != set(mine) or any(st[k].shape != mine[k].shape for k in mine):
+        return False                    # another charset or width: start a fresh head
+    head.load_state_dict({k: v.to(mine[k].dtype) for k, v in st.items()})
+    return True

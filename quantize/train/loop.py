@@ -97,7 +97,7 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
     from quantize.train import augment
     from quantize.train.batch import Prompts, Sampler
     from quantize.train.forward import BatchedHunYuanVL
-    from quantize.train.glyph import GlyphHead
+    from quantize.train.glyph import GlyphHead, load_glyph_head, save_glyph_head
     from quantize.train.measure import GpuBusy, RunSummary
     from quantize.train.model import make_model
     from quantize.train.pages import charset_index
@@ -119,8 +119,16 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
     grid = 1024 // (vc.patch_size * vc.spatial_merge_size)
     glyph = GlyphHead(model.config.text_config.hidden_size, len(charset_index()), grid).to(device) \
         if cfg.glyph_loss > 0 else None
+    # a stage that continues a checkpoint continues its glyph head too (saved beside the weights); a fresh head on
+    # a trained encoder starts at a loss near 18, and until it has learned, its gradients would reach the encoder
+    glyph_fresh = glyph is not None and init is not None and not load_glyph_head(glyph, Path(init))
+    if glyph is not None and init is not None:
+        log.info("glyph head: %s", f"fresh; the encoder gets no glyph gradient for the first {cfg.warmup} steps"
+                 if glyph_fresh else f"continued from {init}")
     qk = qk_norm_weights(model)
-    params = list(model.parameters()) + (list(glyph.parameters()) if glyph is not None else [])
+    model_params = list(model.parameters())
+    glyph_params = list(glyph.parameters()) if glyph is not None else []
+    params = model_params + glyph_params
     decay = [p for p in params if p.ndim >= 2]
     other = [p for p in params if p.ndim < 2 and all(p is not q for q in qk)]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
@@ -136,6 +144,7 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
         model.load_state_dict(st["model"])
         if glyph is not None and st.get("glyph_head"):
             glyph.load_state_dict(st["glyph_head"])
+            glyph_fresh = False
         opt.load_state_dict(st["opt"])
         step, trained_s = st["step"], st.get("trained_s", 0.0)
         if not opts.steps_given:            # keep the first invocation's schedule; --steps overrides it
@@ -185,6 +194,8 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
 
     def save_state() -> None:
         model.save_pretrained(out / "checkpoint")
+        if glyph is not None:
+            save_glyph_head(glyph, out / "checkpoint")
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "total_steps": total,
                     "gpu_seconds": gpu_seconds if by_time else None,
                     "glyph_head": glyph.state_dict() if glyph is not None else None,
@@ -233,14 +244,21 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
                 o = run_fwd(batch.input_ids, batch.labels, pixels, first=first)
                 loss = o.loss
                 if glyph is not None:
-                    g_loss = glyph(o.image_embeds, batch.chars, batch.shifts)
+                    # a fresh head on a trained encoder learns alone for the warm-up: the encoder gets no glyph
+                    # gradient until the head's loss means something
+                    emb = o.image_embeds.detach() if glyph_fresh and step < cfg.warmup else o.image_embeds
+                    g_loss = glyph(emb, batch.chars, batch.shifts)
                     parts = [loss + cfg.glyph_loss * g_loss, loss.detach(), g_loss.detach()]
                     loss = parts[0]
                 else:
                     parts = [loss]
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+            # the model and the glyph head are clipped apart: the head's gradient (large while it is fresh) must not
+            # scale the model's down
+            torch.nn.utils.clip_grad_norm_(model_params, cfg.clip)
+            if glyph_params:
+                torch.nn.utils.clip_grad_norm_(glyph_params, cfg.clip)
             opt.step()
             step += 1
             # the host waits for the device only at log steps (and at the end): step_s is the host's wall
@@ -284,5 +302,7 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
                    gpu_busy=busy.mean() if busy is not None else None, pool_s=pool_s, finished=done)
     if done:
         model.to(torch.bfloat16).save_pretrained(out / "checkpoint")
+        if glyph is not None:
+            save_glyph_head(glyph, out / "checkpoint")
         log.info("done: %d steps, %.0f s of training; checkpoint in %s", step, trained_s, out / "checkpoint")
     return out / "checkpoint"
