@@ -108,6 +108,9 @@ class Graph:
     prefill_len: int = 0              # decoder: longest prompt, tokens
     step_state: bool = False          # decoder: the decode step reads its state (positions, input ids, seen) from
                                       # device buffers and writes the next step's (quantize.step_state)
+    native_step: dict = field(default_factory=dict)   # decoder: the weights of edgeocr's own CUDA decode step
+                                      # (quantize.native_step; {} for none): {"version", "file", "dtype", "tensors",
+                                      # "inputs"}; the graph reads those weights as inputs the runtime binds
 
     def dtype_of(self, name: str) -> str:
         """dtype of input or output `name` as recorded at export."""

@@ -8,6 +8,8 @@
     python -m quantize fuse ARTIFACT OUT [--target cuda|portable]
     python -m quantize step-state ARTIFACT OUT     (gqa + in-graph selection: the decode step keeps its state on
                                                     the device, no host-to-device copy per step)
+    python -m quantize native-step ARTIFACT OUT    (FP16 gqa + in-graph selection: the decoder's weights for the
+                                                    runtime's own CUDA decode step, shared with the graph)
     python -m quantize reslot ARTIFACT OUT --slots N     (same graphs, another slot count; ONNX Runtime)
     python -m quantize tiny OUT [--config tiny-a|tiny-b] [--seed N]
     python -m quantize train ...       (the demo model's trainer: python -m quantize train --help)
@@ -140,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
                         "step reads and advances its own state in device buffers (no host-to-device copy a step)")
     ss.add_argument("artifact", type=Path, help="the artifact directory to read")
     ss.add_argument("out", type=Path, help="artifact directory to write (not ARTIFACT)")
+    ns = sub.add_parser("native-step", help="gqa + in-graph-selection artifact -> the same artifact with its "
+                        "decoder weights in the layout of edgeocr's own CUDA decode step, read by the graph as inputs")
+    ns.add_argument("artifact", type=Path, help="the FP16 (or FP32) artifact directory to read, fused or not")
+    ns.add_argument("out", type=Path, help="artifact directory to write (not ARTIFACT)")
     rs = sub.add_parser("reslot", help="artifact -> the same graphs with another slot count (the decoder takes "
                         "any batch; ONNX Runtime flavours; TensorRT engines must be rebuilt)")
     rs.add_argument("artifact", type=Path, help="the artifact directory to read")
@@ -207,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "step-state":
             from quantize.step_state import step_state_artifact
             _print_sizes(step_state_artifact(args.artifact, args.out, progress=_progress), args.out)
+        elif args.cmd == "native-step":
+            from quantize.native_step import native_step_artifact
+            _print_sizes(native_step_artifact(args.artifact, args.out, progress=_progress), args.out)
         elif args.cmd == "tiny":
             from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
             tc = {"tiny-a": TINY_A, "tiny-b": TINY_B}[args.config]

@@ -1,5 +1,5 @@
 """How fast can a decode step's matrix-vector products and attention be on this GPU?  Hand-written FP16
-kernels (scripts/kernels/decode_gemv.cu and decode_attention.cu, compiled by NVRTC) against cuBLAS
+kernels (edgeocr/kernels/decode_gemv.cu and decode_attention.cu, compiled by NVRTC) against cuBLAS
 (torch.matmul, the library ONNX Runtime's MatMul calls) and torch's scaled_dot_product_attention at the real
 decoder's shapes, for 1 and 8 slots.
 
@@ -32,9 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-KERNELS = Path(__file__).with_name("kernels") / "decode_gemv.cu"
-ATTENTION = Path(__file__).with_name("kernels") / "decode_attention.cu"
-HEADER = "half.cuh"                                                      # beside them, included by both
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))            # edgeocr from the source tree
+KERNELS = Path(__file__).resolve().parents[1] / "edgeocr" / "kernels" / "decode_gemv.cu"
+ATTENTION = KERNELS.with_name("decode_attention.cu")
 ATTN_KERNELS = ("attn_split", "attn_combine")
 Q_HEADS, KV_HEADS, HEAD_DIM, CACHE_LEN, CHUNK = 16, 8, 128, 4096, 64     # CHUNK: decode_attention.cu's
 SLOTS = (1, 2, 4, 8)                   # the M values the source instantiates
@@ -53,49 +53,11 @@ LAYERS = 24
 
 
 # ------------------------------------------------------------------------------------------------ NVRTC
-def _nvrtc() -> ctypes.CDLL:
-    cands = []
-    try:
-        import nvidia.cuda_nvrtc as pkg  # the pip wheel torch depends on
-        cands += sorted(glob.glob(os.path.join(list(pkg.__path__)[0], "lib", "libnvrtc.so*")))
-    except ImportError:
-        pass
-    cands += [p for p in (ctypes.util.find_library("nvrtc"), "libnvrtc.so.12", "libnvrtc.so") if p]
-    for c in cands:
-        if "alt" in os.path.basename(c) or "builtins" in os.path.basename(c):
-            continue
-        try:
-            return ctypes.CDLL(c)
-        except OSError:
-            continue
-    raise SystemExit("NVRTC not found: pip install nvidia-cuda-nvrtc-cu12 (CUDA torch brings it)")
-
-
 def compile_cubin(source: str, arch: str, name: str = "decode_gemv.cu") -> bytes:
-    """The source compiled for `arch` (e.g. sm_90) by NVRTC; a compile error raises with NVRTC's log."""
-    lib = _nvrtc()
-    prog = ctypes.c_void_p()
-    header = (KERNELS.parent / HEADER).read_bytes()        # the one #include the kernels make
-    rc = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 1,
-                                (ctypes.c_char_p * 1)(header), (ctypes.c_char_p * 1)(HEADER.encode()))
-    if rc:
-        raise RuntimeError(f"nvrtcCreateProgram: error {rc}")
-    opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"-lineinfo"]
-    arr = (ctypes.c_char_p * len(opts))(*opts)
-    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
-    size = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-    log = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetProgramLog(prog, log)
-    if rc:
-        raise RuntimeError(f"NVRTC could not compile {name} for {arch}:\n{log.value.decode(errors='replace')}")
-    lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-    cubin = ctypes.create_string_buffer(size.value)
-    rc = lib.nvrtcGetCUBIN(prog, cubin)
-    lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    if rc:
-        raise RuntimeError(f"nvrtcGetCUBIN: error {rc}")
-    return cubin.raw
+    """The source compiled for `arch` (e.g. sm_90) by NVRTC (edgeocr.backends.nvrtc, which gives it the kernels'
+    headers); a compile error raises with NVRTC's log."""
+    from edgeocr.backends.nvrtc import compile_cubin as nvrtc_compile
+    return nvrtc_compile(source, arch, name=name)
 
 
 VARIANTS = {"gemv": (("gemv", 1), ("gemv2", 2)), "swiglu": (("swiglu", 1),)}   # kernel, output rows per warp
@@ -126,9 +88,11 @@ class Module:
             raise RuntimeError(f"{what} failed with CUDA driver error {rc}")
 
     def launch(self, name: str, grid: int, x: int, w: int, y: int, n: int, k: int, stream: int) -> None:
-        """A GEMV / SwiGLU kernel: 256 threads a block."""
+        """A GEMV / SwiGLU kernel: 256 threads a block (SwiGLU: gate and up rows interleaved)."""
+        extra = [ctypes.c_int(2), ctypes.c_int(1)] if name.startswith("swiglu") else []
         self.launch_args(name, (grid, 1, 1), 256, stream, [ctypes.c_void_p(x), ctypes.c_void_p(w),
-                                                          ctypes.c_void_p(y), ctypes.c_int(n), ctypes.c_int(k)])
+                                                          ctypes.c_void_p(y), ctypes.c_int(n), ctypes.c_int(k),
+                                                          *extra])
 
     def launch_args(self, name: str, grid: tuple[int, int, int], threads: int, stream: int, args: list) -> None:
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
@@ -277,10 +241,11 @@ def bench_attention(torch, attn: Module, slots: int, args) -> dict:
                          [ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(v.data_ptr()),
                           ctypes.c_void_p(lens.data_ptr()), ctypes.c_void_p(part_o.data_ptr()),
                           ctypes.c_void_p(part_ml.data_ptr()), ctypes.c_float(scale), ctypes.c_int(CACHE_LEN),
-                          ctypes.c_int(n_splits)])
+                          ctypes.c_int(n_splits), ctypes.c_int(0)])
         attn.launch_args("attn_combine", (Q_HEADS, slots, 1), 128, stream,
                          [ctypes.c_void_p(part_o.data_ptr()), ctypes.c_void_p(part_ml.data_ptr()),
-                          ctypes.c_void_p(lens.data_ptr()), ctypes.c_void_p(o.data_ptr()), ctypes.c_int(n_splits)])
+                          ctypes.c_void_p(lens.data_ptr()), ctypes.c_void_p(o.data_ptr()), ctypes.c_int(n_splits),
+                          ctypes.c_int(0)])
 
     def custom():
         st = torch.cuda.current_stream().cuda_stream

@@ -64,6 +64,12 @@ def open_ort_session(path: Path, art: Artifact, device: str = "cpu", threads: in
                                 "and select tokens in the graph")
         from edgeocr.backends.ort_step_state import StepStateSession
         cls = StepStateSession
+    if art.decoder.native_step:
+        if cls is not GqaSession or not art.decoder.select_on_device or art.decoder.step_state:
+            raise ArtifactError(f"{path}: a decoder with native step weights must use GroupQueryAttention and select "
+                                "tokens in the graph, without step state")
+        from edgeocr.backends.native_step import NativeStepSession
+        cls = NativeStepSession
     return cls(path, art, device=device, threads=threads, cuda_graph=cuda_graph)
 
 
@@ -345,8 +351,12 @@ class OrtSession:
         mem.write(self.st_len, self.h_len)
         mem.sync()                      # the copies have landed before the graph (on its own stream) reads them
         self._before_step(pos)
-        self.decoder.run_with_iobinding(self.step_binding, self._ro_step if self.cuda_graph else None)
+        self._run_step()
         self._after_step(pos, live)
+
+    def _run_step(self) -> None:
+        """The decode step over the bound step buffers (edgeocr.backends.native_step runs its own)."""
+        self.decoder.run_with_iobinding(self.step_binding, self._ro_step if self.cuda_graph else None)
 
     def step(self, token_ids: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray,
              live: np.ndarray) -> np.ndarray:

@@ -1,19 +1,24 @@
 // FP16 matrix-vector kernels for a decode step of a few slots (M <= 8 rows of activations), compiled at run
-// time by NVRTC (scripts/gpu_decode_kernels.py) for sm_87 Orin, sm_89 RTX 4090D and sm_90 H200 alike (no CUDA
-// headers: half.cuh).
+// time by NVRTC (edgeocr.backends.native_step; scripts/gpu_decode_kernels.py) for sm_87 Orin, sm_89 RTX 4090D
+// and sm_90 H200 alike (no CUDA headers: half.cuh).
 //
 //   gemv_m{M}_ks{KS}(x, w, y, n, k)         y[m, r] = sum_j x[m, j] * w[r, j]; a warp per row
 //   gemv2_m{M}_ks{KS}(x, w, y, n, k)        the same, a warp per two rows (each activation vector read once
 //                                           for both)
-//   swiglu_m{M}_ks{KS}(x, w, y, n, k)       g, u = the rows 2r and 2r+1 of w applied to x[m]
-//                                           y[m, r] = silu(g) * u, rounded as ONNX Runtime's
-//                                           MatMul -> QuickGelu -> Mul chain rounds (fp16 between ops)
+//   gemvf_m{M}_ks{KS}(x, w, y, n, k)        gemv with y in fp32, rounded through fp16 first (an fp16 Gemm
+//                                           followed by a Cast, as the decoder graph's logits)
+//   swiglu_m{M}_ks{KS}(x, w, y, n, k, gate_mul, up_off)
+//                                           g, u = the rows r * gate_mul and r * gate_mul + up_off of w applied
+//                                           to x[m]; y[m, r] = silu(g) * u, rounded as ONNX Runtime's
+//                                           MatMul -> QuickGelu -> Mul chain rounds (fp16 between ops).
+//                                           (2, 1): gate and up rows interleaved; (1, n): gate rows, then up rows
 //
 //   x: [M, k] fp16, row-major        the activations (one row per slot)
-//   w: [n, k] fp16 (gemv), [2n, k] fp16 (swiglu: gate and up rows interleaved), row-major: each output's
-//      weights are contiguous, so a warp reads them in 16-byte vectors
-//   y: [M, n] fp16, row-major
-//   k: a multiple of 256 (8 halves a lane, 32 lanes); n: any
+//   w: [n, k] fp16 (gemv), [2n, k] fp16 (swiglu), row-major: each output's weights are contiguous, so a warp
+//      reads them in 16-byte vectors
+//   y: [M, n] fp16 (fp32 for gemvf), row-major
+//   k: a multiple of 8 (a lane reads 8 halves at a time); n: any
+// With SLOTS defined (the runtime: -DSLOTS=N) only M = SLOTS is instantiated; otherwise M = 1, 2, 4 and 8.
 //
 // A block is 8 warps.  KS warps share one output row, each summing a strided share of its k (KS = 1 for tall
 // matrices, up to 8 when n is too small to fill the GPU otherwise); accumulation is fp32 throughout.
@@ -113,9 +118,12 @@ __device__ __forceinline__ bool reduce_rows(float (*acc)[M], int warp, int lane)
   return true;
 }
 
-template <int M, int KS, int R>
+__device__ __forceinline__ void store_out(half_t* y, size_t i, float v) { y[i] = f2h(v); }
+__device__ __forceinline__ void store_out(float* y, size_t i, float v) { y[i] = h2f(f2h(v)); }
+
+template <int M, int KS, int R, typename OutT>
 __device__ __forceinline__ void gemv_body(const half_t* __restrict__ x, const half_t* __restrict__ w,
-                                          half_t* __restrict__ y, int n, int k) {
+                                          OutT* __restrict__ y, int n, int k) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row0 = (blockIdx.x * (8 / KS) + warp / KS) * R;         // this warp's R consecutive rows
   const int kv = k >> 3;                                            // 16-byte vectors per row
@@ -136,12 +144,12 @@ __device__ __forceinline__ void gemv_body(const half_t* __restrict__ x, const ha
     for (int r = 0; r < R; ++r)
       if (row0 + r < n)
 #pragma unroll
-        for (int m = 0; m < M; ++m) y[(size_t)m * n + row0 + r] = f2h(acc[r][m]);
+        for (int m = 0; m < M; ++m) store_out(y, (size_t)m * n + row0 + r, acc[r][m]);
 }
 
 template <int M, int KS>
 __device__ __forceinline__ void swiglu_body(const half_t* __restrict__ x, const half_t* __restrict__ w,
-                                            half_t* __restrict__ y, int n, int k) {
+                                            half_t* __restrict__ y, int n, int k, int gate_mul, int up_off) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row = blockIdx.x * (8 / KS) + warp / KS;
   const int kv = k >> 3;
@@ -149,8 +157,8 @@ __device__ __forceinline__ void swiglu_body(const half_t* __restrict__ x, const 
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[0][m] = acc[1][m] = 0.f;
   if (row < n) {
-    const uint4* base = reinterpret_cast<const uint4*>(w) + (size_t)(2 * row) * kv;
-    const uint4* rows[2] = {base, base + kv};
+    const uint4* base = reinterpret_cast<const uint4*>(w) + (size_t)row * gate_mul * kv;
+    const uint4* rows[2] = {base, base + (size_t)up_off * kv};
     dot_rows<M, KS, 2>(reinterpret_cast<const uint4*>(x), rows, kv, warp % KS, lane, acc);
   }
   if (reduce_rows<M, KS, 2>(acc, warp, lane) && row < n)
@@ -172,8 +180,13 @@ __device__ __forceinline__ void swiglu_body(const half_t* __restrict__ x, const 
     gemv_body<MM, KS, 2>(x, w, y, n, k);                                                                     \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
-      swiglu_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k) {                      \
-    swiglu_body<MM, KS>(x, w, y, n, k);                                                                      \
+      gemvf_m##MM##_ks##KS(const half_t* x, const half_t* w, float* y, int n, int k) {                        \
+    gemv_body<MM, KS, 1>(x, w, y, n, k);                                                                     \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(256)                                                          \
+      swiglu_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k, int gate_mul,          \
+                            int up_off) {                                                                    \
+    swiglu_body<MM, KS>(x, w, y, n, k, gate_mul, up_off);                                                    \
   }
 
 #define EDGEOCR_KERNELS_KS(MM) \
@@ -182,7 +195,11 @@ __device__ __forceinline__ void swiglu_body(const half_t* __restrict__ x, const 
   EDGEOCR_KERNELS(MM, 4)       \
   EDGEOCR_KERNELS(MM, 8)
 
+#ifdef SLOTS
+EDGEOCR_KERNELS_KS(SLOTS)
+#else
 EDGEOCR_KERNELS_KS(1)
 EDGEOCR_KERNELS_KS(2)
 EDGEOCR_KERNELS_KS(4)
 EDGEOCR_KERNELS_KS(8)
+#endif

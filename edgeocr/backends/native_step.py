@@ -1,0 +1,419 @@
+"""edgeocr's own decode step: the decoder's step for N slots as ~9 kernels a layer (edgeocr/kernels), captured in
+one CUDA graph, beside ONNX Runtime, which keeps the vision encoder and the prefill.
+
+An artifact made by `python -m quantize native-step` holds the decoder's weights once, in decoder_step.bin, in
+the kernels' layout; its decoder graph reads them as inputs.  `NativeStepSession` (a GqaSession) loads that file
+into its own buffers, binds them to the graph for every prefill, and runs each decode step as the launch list
+`step_plan` builds, over the session's own step buffers (ids, cos/sin, seqlens_k, seen, penalty -> next token,
+logits) and its static KV cache, which the prefill wrote.
+
+    per layer  q|k|v GEMV, RoPE + Q/K-norm + cache append, split attention, its combine, o GEMV,
+               residual + RMSNorm, SwiGLU GEMV (gate|up with its activation), down GEMV, residual + RMSNorm
+    around     embedding rows and the first RMSNorm; the lm_head GEMV (fp32 logits), the repetition penalty
+               and the argmax in two passes
+
+The same launch list runs two ways: `CudaStep` compiles the kernels with NVRTC for the GPU it finds (head size,
+query group and slot count as compile-time constants) and replays the list as one CUDA graph; `NumpyStep` runs
+each kernel's numpy twin (same arguments, same rounding to the weights' dtype), which is how the CPU tests check
+the plan, the weight layout and the buffer conventions against ONNX Runtime's own step.
+
+EDGEOCR_NATIVE_STEP: unset or "1": the native step on CUDA where it applies (FP16 weights, head size 32-128 in
+multiples of 32, at most 8 slots), else ONNX Runtime's step; "0": always ONNX Runtime's step; "numpy": the
+numpy twin (CPU; tests and diagnostics).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgeocr.artifact import Artifact
+from edgeocr.backends.ort import GqaSession
+from edgeocr.errors import ArtifactError, BackendError
+
+log = logging.getLogger("edgeocr")
+
+ENV = "EDGEOCR_NATIVE_STEP"
+SELECT_PARTS = 64            # blocks per slot of the first argmax pass
+CHUNK = 64                   # cache rows per attention block (decode_attention.cu)
+MAX_SLOTS = 8                # the GEMV kernels hold one accumulator per slot in registers
+
+
+@dataclass(frozen=True)
+class Dims:
+    layers: int
+    hidden: int
+    inter: int
+    nq: int
+    kvh: int
+    head_dim: int
+    vocab: int
+    cache_len: int
+    eps: float
+    lm_head: str             # the tensor of the output projection: "lm_head", or "embed" when tied
+
+    @property
+    def qkv(self) -> int:
+        return (self.nq + 2 * self.kvh) * self.head_dim
+
+    @property
+    def splits(self) -> int:
+        return -(-self.cache_len // CHUNK)
+
+    @classmethod
+    def of(cls, art: Artifact) -> "Dims":
+        t = art.model["text"]
+        spec = art.decoder.native_step
+        return cls(layers=t["num_layers"], hidden=t["hidden_size"], inter=t["intermediate_size"], nq=t["num_heads"],
+                   kvh=t["num_kv_heads"], head_dim=t["head_dim"], vocab=t["vocab_size"], cache_len=art.kv.cache_len,
+                   eps=float(t["rms_norm_eps"]), lm_head="lm_head" if "lm_head" in spec["tensors"] else "embed")
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str              # the numpy twin's name (NumpyStep) and the CUDA symbol's family
+    symbol: str              # CUDA symbol
+    grid: tuple
+    block: tuple
+    args: tuple              # buffer names (str), None (a null pointer), or ("i", int) / ("f", float)
+
+
+def _ks(n: int, sms: int) -> int:
+    """Warps that share one output row: the fewest that still give every multiprocessor two blocks."""
+    for ks in (1, 2, 4, 8):
+        if -(-n // (8 // ks)) >= 2 * sms:
+            return ks
+    return 8
+
+
+def step_plan(d: Dims, slots: int, sms: int = 1) -> list[Launch]:
+    """The decode step of `slots` slots as a launch list (module doc).  sms: the GPU's multiprocessor count (it
+    picks how many warps share a GEMV row; the result does not depend on it)."""
+    n = slots
+    i_, f_ = (lambda v: ("i", int(v))), (lambda v: ("f", float(v)))
+
+    def gemv(kind: str, w: str, x: str, y: str, rows: int, k: int, extra=()) -> Launch:
+        ks = _ks(rows, sms)
+        return Launch(kind, f"{kind}_m{n}_ks{ks}", (-(-rows // (8 // ks)),), (256,),
+                      (x, w, y, i_(rows), i_(k), *extra))
+
+    def norm(delta, gamma: str) -> Launch:
+        return Launch("add_rmsnorm", "add_rmsnorm", (n,), (256,), ("x", delta, gamma, "xn", i_(d.hidden), f_(d.eps)))
+
+    plan = [Launch("embed_rows", "embed_rows", (n,), (256,), ("ids", "w.embed", "x", i_(d.hidden))),
+            norm(None, "w.layers.0.ln1")]
+    for li in range(d.layers):
+        w = f"w.layers.{li}."
+        plan += [
+            gemv("gemv", w + "qkv", "xn", "qkv", d.qkv, d.hidden),
+            Launch("rope_qknorm_append", "rope_qknorm_append", (d.nq + 2 * d.kvh, n), (d.head_dim,),
+                   ("qkv", "cos", "sin", w + "qn", w + "kn", "lens", f"k.{li}", f"v.{li}", "q", i_(d.nq), i_(d.kvh),
+                    i_(d.cache_len), f_(d.eps))),
+            Launch("attn_split", "attn_split", (d.kvh, d.splits, n), (128,),
+                   ("q", f"k.{li}", f"v.{li}", "lens", "part_o", "part_ml", f_(d.head_dim ** -0.5), i_(d.cache_len),
+                    i_(d.splits), i_(1))),
+            Launch("attn_combine", "attn_combine", (d.nq, n), (128,),
+                   ("part_o", "part_ml", "lens", "attn", i_(d.splits), i_(1))),
+            gemv("gemv", w + "o", "attn", "delta", d.hidden, d.nq * d.head_dim),
+            norm("delta", w + "ln2"),
+            gemv("swiglu", w + "gate_up", "xn", "act", d.inter, d.hidden, (i_(1), i_(d.inter))),
+            gemv("gemv", w + "down", "act", "delta", d.hidden, d.inter),
+            norm("delta", f"w.layers.{li + 1}.ln1" if li + 1 < d.layers else "w.norm"),
+        ]
+    plan += [gemv("gemvf", f"w.{d.lm_head}", "xn", "logits", d.vocab, d.hidden),
+             Launch("select_partial", "select_partial", (SELECT_PARTS, n), (256,),
+                    ("logits", "seen", "penalty", "sel_val", "sel_idx", i_(d.vocab))),
+             Launch("select_final", "select_final", (n,), (32,), ("sel_val", "sel_idx", "next", i_(SELECT_PARTS)))]
+    return plan
+
+
+def scratch_shapes(d: Dims, slots: int, dtype) -> dict[str, tuple[tuple, object]]:
+    """The step's own buffers: name -> (shape, dtype)."""
+    n = slots
+    return {"x": ((n, d.hidden), dtype), "xn": ((n, d.hidden), dtype), "qkv": ((n, d.qkv), dtype),
+            "q": ((n, d.nq * d.head_dim), dtype), "attn": ((n, d.nq * d.head_dim), dtype),
+            "delta": ((n, d.hidden), dtype), "act": ((n, d.inter), dtype),
+            "part_o": ((n, d.nq, d.splits, d.head_dim), np.float32), "part_ml": ((n, d.nq, d.splits, 2), np.float32),
+            "sel_val": ((n, SELECT_PARTS), np.float32), "sel_idx": ((n, SELECT_PARTS), np.int32)}
+
+
+# ---------------------------------------------------------------------------------------------- numpy twins
+class NumpyStep:
+    """The launch list run by each kernel's numpy twin over host arrays (name -> array).  Arithmetic in float32,
+    stored in each buffer's dtype: with FP16 buffers the results round where the kernels round."""
+
+    def __init__(self, plan: list[Launch], bufs: dict[str, np.ndarray], dtype):
+        self.plan, self.b, self.dt = plan, bufs, np.dtype(dtype)
+        self._attn: dict[int, np.ndarray] = {}
+
+    def run(self) -> None:
+        for launch in self.plan:
+            getattr(self, "k_" + launch.kernel)(launch, *[self._arg(a) for a in launch.args])
+
+    def _arg(self, a):
+        if a is None or isinstance(a, tuple):
+            return None if a is None else a[1]
+        return self.b[a]
+
+    def rd(self, a: np.ndarray) -> np.ndarray:
+        return a.astype(self.dt).astype(np.float32)
+
+    @staticmethod
+    def f(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.float32)
+
+    def k_embed_rows(self, L, ids, table, x, h):
+        x[...] = table[ids.reshape(-1)[:x.shape[0]]]
+
+    def k_add_rmsnorm(self, L, x, delta, gamma, xn, h, eps):
+        if delta is not None:
+            x[...] = self.f(x) + self.f(delta)
+        xf = self.f(x)
+        inv = 1.0 / np.sqrt((xf * xf).mean(-1, keepdims=True) + np.float32(eps))
+        xn[...] = self.f(gamma) * self.rd(xf * inv)
+
+    def k_gemv(self, L, x, w, y, n, k):
+        y[...] = self.f(x) @ self.f(w).T
+
+    def k_gemvf(self, L, x, w, y, n, k):
+        y[...] = self.rd(self.f(x) @ self.f(w).T)
+
+    def k_swiglu(self, L, x, w, y, n, k, gate_mul, up_off):
+        rows = np.arange(n) * gate_mul
+        g = self.rd(self.f(x) @ self.f(w[rows]).T)
+        u = self.rd(self.f(x) @ self.f(w[rows + up_off]).T)
+        y[...] = self.rd(g / (1.0 + np.exp(-g))) * u
+
+    def k_rope_qknorm_append(self, L, qkv, cos, sin, qn, kn, lens, kc, vc, q, nq, kvh, cache_len, eps):
+        n, dh = qkv.shape[0], cos.shape[-1]
+        half = dh // 2
+        heads = self.f(qkv).reshape(n, nq + 2 * kvh, dh)
+        c = self.rd(cos.reshape(n, 1, dh))
+        s = self.rd(sin.reshape(n, 1, dh))
+        qk = heads[:, :nq + kvh]
+        rot = np.concatenate([-qk[..., half:], qk[..., :half]], axis=-1)
+        r = self.rd(self.rd(qk * c) + self.rd(rot * s))
+        inv = 1.0 / np.sqrt((r * r).mean(-1, keepdims=True) + np.float32(eps))
+        nr = self.rd(r * inv)
+        qo = self.f(qn) * nr[:, :nq]
+        ko = self.f(kn) * nr[:, nq:]
+        q[...] = qo.reshape(n, nq * dh)
+        for s_ in range(n):
+            pos = int(lens[s_])
+            kc[s_, :, pos] = ko[s_]
+            vc[s_, :, pos] = qkv[s_].reshape(nq + 2 * kvh, dh)[nq + kvh:]
+
+    def k_attn_split(self, L, q, kc, vc, lens, part_o, part_ml, scale, cache_len, n_splits, len_add):
+        n, kvh, _, dh = kc.shape
+        nq = q.shape[1] // dh
+        g = nq // kvh
+        out = np.zeros((n, nq, dh), np.float32)
+        for s_ in range(n):
+            t = min(int(lens[s_]) + len_add, cache_len)
+            qs = self.f(q[s_]).reshape(kvh, g, dh)
+            kk, vv = self.f(kc[s_, :, :t]), self.f(vc[s_, :, :t])                     # [KVH, T, D]
+            sc = np.einsum("hgd,htd->hgt", qs, kk) * np.float32(scale)
+            p = np.exp(sc - sc.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            out[s_] = np.einsum("hgt,htd->hgd", p, vv).reshape(nq, dh)
+        self._attn[id(L)] = out
+
+    def k_attn_combine(self, L, part_o, part_ml, lens, o, n_splits, len_add):
+        # the numpy twin computes the whole attention in attn_split; the plan pairs each split with its combine
+        o[...] = self._attn.pop(next(iter(self._attn))).reshape(o.shape)
+
+    def k_select_partial(self, L, logits, seen, penalty, val, idx, v):
+        pass                                    # the numpy twin selects in one pass (select_final)
+
+    def k_select_final(self, L, val, idx, nxt, parts):
+        logits, seen, p = self.b["logits"], self.b["seen"], self.b["penalty"].reshape(-1, 1)
+        adj = np.where(seen > 0, np.where(logits < 0, logits * p, logits / p), logits)
+        nxt.reshape(-1)[...] = np.argmax(adj, axis=-1)
+
+
+# ---------------------------------------------------------------------------------------------- CUDA
+SOURCE = '#include "decode_gemv.cu"\n#include "decode_attention.cu"\n#include "decode_step.cu"\n'
+
+
+class CudaStep:
+    """The launch list compiled (NVRTC, for this GPU) and replayed as one CUDA graph on a stream of its own.
+    Buffers are device addresses (name -> int).  The stream is a blocking one: the CUDA runtime's synchronous
+    copies on the legacy default stream (the session's writes of the step inputs, its read of the next tokens)
+    order with it."""
+
+    def __init__(self, plan: list[Launch], ptrs: dict[str, int], defines: dict[str, int], graph: bool = True):
+        from edgeocr.backends import cudart, nvrtc
+
+        self.rt = cudart.load()
+        self.rt.lib.cudaSetDevice(0)            # the primary context, current on this thread for the driver API
+        arch, _ = nvrtc.device_arch()
+        symbols = sorted({launch.symbol for launch in plan})
+        self.mod = nvrtc.Module(nvrtc.compile_cubin(SOURCE, arch, defines), symbols)
+        self.calls = []
+        for launch in plan:
+            args = []
+            for a in launch.args:
+                if a is None:
+                    args.append(ctypes.c_void_p(0))
+                elif isinstance(a, tuple):
+                    args.append(ctypes.c_int(a[1]) if a[0] == "i" else ctypes.c_float(a[1]))
+                else:
+                    args.append(ctypes.c_void_p(ptrs[a]))
+            self.calls.append((launch.symbol, launch.grid, launch.block, args))
+        self.stream = self.rt.stream_create()
+        self.graph = graph
+        self.exe = None
+
+    def launch_all(self) -> None:
+        for symbol, grid, block, args in self.calls:
+            self.mod.launch(symbol, grid, block, self.stream, args)
+
+    def run(self) -> None:
+        self.rt.lib.cudaSetDevice(0)
+        if not self.graph:
+            self.launch_all()
+        else:
+            if self.exe is None:                # capture on the first step: every address is fixed by then
+                self.rt.graph_capture_begin(self.stream)
+                try:
+                    self.launch_all()
+                finally:
+                    exe = self.rt.graph_capture_end(self.stream)
+                self.exe = exe
+            self.rt.graph_launch(self.exe, self.stream)
+        self.rt.stream_sync(self.stream)
+
+
+# ---------------------------------------------------------------------------------------------- the session
+def native_mode() -> str:
+    v = os.environ.get(ENV, "1").strip().lower()
+    if v in ("", "1", "auto", "on", "cuda"):
+        return "auto"
+    if v in ("0", "off", "onnxruntime"):
+        return "off"
+    if v == "numpy":
+        return "numpy"
+    raise BackendError(f"{ENV} must be 1 (the native step where it applies), 0 (ONNX Runtime's step) or numpy, "
+                       f"not {v!r}")
+
+
+def cuda_problem(d: Dims, slots: int, dtype) -> str | None:
+    """Why the CUDA kernels cannot run this decoder (None: they can)."""
+    if np.dtype(dtype) != np.float16:
+        return f"the kernels are FP16 and this artifact's weights are {np.dtype(dtype).name}"
+    if d.head_dim % 32 or d.head_dim > 128:
+        return f"head size {d.head_dim} (the kernels take 32, 64, 96 or 128)"
+    if slots > MAX_SLOTS:
+        return f"{slots} slots (the kernels take at most {MAX_SLOTS})"
+    if d.hidden % 8 or d.inter % 8 or (d.nq * d.head_dim) % 8:
+        return "a hidden, intermediate or attention width that is not a multiple of 8"
+    if d.nq % d.kvh:
+        return f"{d.nq} query heads over {d.kvh} key/value heads"
+    return None
+
+
+class NativeStepSession(GqaSession):
+    """A GqaSession over a `quantize native-step` artifact: the prefill on ONNX Runtime with the weights bound as
+    graph inputs, the decode step native (module doc) or, with EDGEOCR_NATIVE_STEP=0 or where the kernels do not
+    apply, ONNX Runtime's."""
+
+    def __init__(self, path: Path, art: Artifact, device: str = "cpu", threads: int | None = None,
+                 cuda_graph: bool | None = None):
+        spec = art.decoder.native_step
+        if spec.get("version") != 1:
+            raise ArtifactError(f"{path}: native step weights of version {spec.get('version')!r}; this edgeocr "
+                                "reads version 1: run `python -m quantize native-step` again")
+        self.dims = Dims.of(art)
+        self.w_dtype = np.dtype(spec["dtype"])
+        mode = native_mode()
+        why = None
+        if mode == "auto":
+            why = "not on CUDA" if device != "cuda" else cuda_problem(self.dims, art.kv.slots, self.w_dtype)
+        self.engine = ("native-cuda" if mode == "auto" and why is None else
+                       "native-numpy" if mode == "numpy" else "onnxruntime")
+        if mode == "auto" and why and device == "cuda":
+            log.warning("native decode step not used (%s): ONNX Runtime runs the step", why)
+        if self.engine == "native-numpy" and device != "cpu":
+            raise BackendError(f"{ENV}=numpy runs on the CPU only")
+        self._native_path = Path(path)
+        super().__init__(path, art, device=device, threads=threads,
+                         cuda_graph=False if self.engine == "native-cuda" else cuda_graph)
+        self.name = f"{self.name}+{self.engine}" if self.engine != "onnxruntime" else self.name
+
+    # ------------------------------------------------------------ buffers
+    def _alloc_flavour(self) -> None:
+        super()._alloc_flavour()
+        spec = self.art.decoder.native_step
+        f = self._native_path / spec["file"]
+        try:
+            raw = np.memmap(f, dtype=np.uint8, mode="r")
+        except OSError as e:
+            raise ArtifactError(f"{f}: cannot read the native step's weights ({e})") from None
+        self.weights, host = {}, {}
+        for name, t in spec["tensors"].items():
+            count = int(np.prod(t["shape"]))
+            end = t["offset"] + count * self.w_dtype.itemsize
+            if end > raw.size:
+                raise ArtifactError(f"{f}: tensor {name} runs past the end of the file (truncated?)")
+            host[name] = raw[t["offset"]:end].view(self.w_dtype).reshape(t["shape"])
+            buf = self.mem.alloc(tuple(t["shape"]), self.w_dtype)
+            self.mem.write(buf, host[name])
+            self.weights[name] = buf
+        del raw, host
+        self.native_bytes = sum(b.nbytes for b in self.weights.values())
+        self._native = None
+        if self.engine != "onnxruntime":
+            self._build_native()
+
+    def _weight_binds(self, b) -> None:
+        for name, (tensor, row, shape) in self.art.decoder.native_step["inputs"].items():
+            buf = self.weights[tensor]
+            ptr = buf.ptr + row * shape[1] * buf.itemsize
+            b.bind_input(name, self.mem.device, 0, buf.dtype, list(shape), ptr)
+
+    def _bind_step_flavour(self, b) -> None:
+        super()._bind_step_flavour(b)
+        self._weight_binds(b)
+
+    def _bind_prefill_flavour(self, b, s: int) -> None:
+        super()._bind_prefill_flavour(b, s)
+        self._weight_binds(b)
+
+    def _step_buffers(self) -> dict:
+        bufs = {"ids": self.st_ids, "cos": self.st_cos, "sin": self.st_sin, "lens": self.st_len, "seen": self.seen,
+                "penalty": self.penalty, "logits": self.logits, "next": self.next}
+        bufs.update({f"k.{i}": k for i, k in enumerate(self.keys)})
+        bufs.update({f"v.{i}": v for i, v in enumerate(self.values)})
+        bufs.update({f"w.{name}": b for name, b in self.weights.items()})
+        for name, (shape, dtype) in scratch_shapes(self.dims, self.slots, self.w_dtype).items():
+            bufs[name] = self.mem.alloc(shape, dtype)
+        return bufs
+
+    def _build_native(self) -> None:
+        d = self.dims
+        if self.engine == "native-numpy":
+            bufs = self._step_buffers()
+            self._native = NumpyStep(step_plan(d, self.slots), {k: b.host for k, b in bufs.items()}, self.w_dtype)
+            return
+        from edgeocr.backends import nvrtc
+        _, sms = nvrtc.device_arch()
+        bufs = self._step_buffers()
+        self._native = CudaStep(step_plan(d, self.slots, sms), {k: b.ptr for k, b in bufs.items()},
+                                {"SLOTS": self.slots, "HEAD_DIM": d.head_dim, "GROUP": d.nq // d.kvh},
+                                graph=os.environ.get("EDGEOCR_NATIVE_GRAPH", "1") != "0")
+        self._native_bufs = bufs
+
+    # ------------------------------------------------------------ the step
+    def _run_step(self) -> None:
+        if self._native is None:
+            super()._run_step()
+        else:
+            self._native.run()
+
+    def memory_bytes(self) -> dict:
+        return {**super().memory_bytes(), "decoder_weights": self.native_bytes}

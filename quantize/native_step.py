@@ -1,0 +1,251 @@
+"""The decoder's weights for edgeocr's own decode step: one file the CUDA kernels and ONNX Runtime share.
+
+    python -m quantize native-step ARTIFACT OUT
+
+For an FP16 or FP32 artifact exported with `--attention gqa --select-on-device`, fused or not (not weight-INT8,
+not step state).  A decode step on ONNX Runtime's CUDA provider launches ~15 kernels a layer, each a few
+microseconds long (docs/perf.md §6); the runtime's native step (edgeocr.backends.native_step) runs the same
+computation as 9 kernels a layer of its own (edgeocr/kernels), captured in one CUDA graph.  Its kernels read the
+weights row-major ([out, in], each output's weights contiguous), the transpose of ONNX's MatMul layout.  So that
+the weights are not held twice (on disk and on the device), this pass moves them out of the decoder graph:
+
+    decoder_step.bin         the weights in the kernels' layout: per layer q|k|v [(nq + 2 kvh) D, H], o [H, nq D],
+                             gate|up [2 I, H] (gate rows, then up rows), down [H, I], the four norm weights;
+                             the embedding [V, H] (the tied lm_head) and the final norm
+    the decoder graph        every weight MatMul(x, W) becomes com.microsoft FusedMatMul(x, W_t, transB=1), W_t a
+                             graph input; the embedding (and an untied lm_head) become graph inputs too.  The
+                             runtime binds them to its copy of decoder_step.bin for the prefill, which stays on
+                             ONNX Runtime (GEMMs), and for the ONNX Runtime step (EDGEOCR_NATIVE_STEP=0)
+
+The manifest's `graphs.decoder.native_step` indexes the file ({"tensors": name -> offset, shape}) and maps each
+graph input to its tensor and first row ({"inputs": name -> [tensor, row, shape]}).  Weights are found by the
+decoder's own names (decoder.layers.N.ln1, ...) and, for the projections, by their order in the graph (q|k|v, o,
+gate|up or gate and up, down per layer), each checked against the manifest's sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from edgeocr import artifact as af
+from edgeocr.errors import EdgeOCRError
+
+log = logging.getLogger("edgeocr.quantize")
+
+NATIVE_STEP_VERSION = 1
+WEIGHTS_FILE = "decoder_step.bin"
+ALIGN = 256                                   # bytes: every tensor starts on a 256-byte boundary
+INPUT_PREFIX = "native."
+
+
+def _shape(t) -> list[int]:
+    return [int(d) for d in t.dims]
+
+
+def find_weights(model, text: dict) -> tuple[dict[str, np.ndarray], dict[str, tuple[str, int, list[int]]], list]:
+    """The decoder ModelProto's weights in the kernels' layout, and how the graph's weight inputs map onto them.
+    Returns (tensors: name -> array, inputs: graph input name -> (tensor, first row, shape [n, k]),
+    rewrites: [(node, initializer name, graph input name)] for the MatMuls to turn into FusedMatMul)."""
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    alias = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Identity" and n.input[0] in inits}
+
+    def init(name: str):
+        name = alias.get(name, name)
+        if name not in inits:
+            raise ValueError(f"the decoder graph has no weight {name!r}: not a decoder exported by edgeocr")
+        return numpy_helper.to_array(inits[name])
+
+    L, H, I = text["num_layers"], text["hidden_size"], text["intermediate_size"]
+    nq, kvh, d, V = text["num_heads"], text["num_kv_heads"], text["head_dim"], text["vocab_size"]
+    # the projections: MatMuls whose second input is a 2-D weight, in graph order (RoPE's own tables excluded)
+    mats = []
+    for n in g.node:
+        if n.op_type == "MatMulNBits" or (n.op_type == "DequantizeLinear" and n.input[0] in inits):
+            raise ValueError("the native decode step needs FP16 or FP32 weights; this decoder's are quantized "
+                             "(build the native step from the FP16 artifact, before weight-int8)")
+        if n.op_type != "MatMul" or len(n.input) < 2:
+            continue
+        w = alias.get(n.input[1], n.input[1])
+        if w in inits and len(inits[w].dims) == 2 and "rope" not in w:
+            mats.append((n, w))
+    per = len(mats) // L if L else 0
+    if per not in (4, 5) or per * L != len(mats):
+        raise ValueError(f"the decoder graph has {len(mats)} weight MatMuls for {L} layers (4 or 5 a layer "
+                         "expected: q|k|v, o, gate|up or gate and up, down): not a GroupQueryAttention decoder "
+                         "exported by edgeocr")
+    W = nq * d + 2 * kvh * d
+    expect = ([("qkv", [H, W]), ("o", [nq * d, H]), ("gate_up", [H, 2 * I]), ("down", [I, H])] if per == 4 else
+              [("qkv", [H, W]), ("o", [nq * d, H]), ("gate", [H, I]), ("up", [H, I]), ("down", [I, H])])
+    tensors: dict[str, np.ndarray] = {}
+    inputs: dict[str, tuple[str, int, list[int]]] = {}
+    rewrites = []
+    dtype = None
+    for i in range(L):
+        got = {}
+        for (node, w), (role, shape) in zip(mats[i * per:(i + 1) * per], expect):
+            if _shape(inits[w]) != shape:
+                raise ValueError(f"layer {i}: the {role} projection's weight {w!r} is {_shape(inits[w])}, "
+                                 f"the manifest's sizes say {shape}")
+            got[role] = (node, w, numpy_helper.to_array(inits[w]))
+            dtype = dtype or got[role][2].dtype
+        p = f"layers.{i}."
+        tensors[p + "qkv"] = np.ascontiguousarray(got["qkv"][2].T)
+        tensors[p + "o"] = np.ascontiguousarray(got["o"][2].T)
+        if per == 4:
+            tensors[p + "gate_up"] = np.ascontiguousarray(got["gate_up"][2].T)          # gate rows, then up rows
+        else:
+            tensors[p + "gate_up"] = np.ascontiguousarray(np.concatenate([got["gate"][2].T, got["up"][2].T]))
+        tensors[p + "down"] = np.ascontiguousarray(got["down"][2].T)
+        roles = [("qkv", p + "qkv", 0, [W, H]), ("o", p + "o", 0, [H, nq * d]), ("down", p + "down", 0, [H, I])]
+        roles += ([("gate_up", p + "gate_up", 0, [2 * I, H])] if per == 4 else
+                  [("gate", p + "gate_up", 0, [I, H]), ("up", p + "gate_up", I, [I, H])])
+        for role, tensor, row, shape in roles:
+            node, w, _ = got[role]
+            name = INPUT_PREFIX + (tensor if role not in ("gate", "up") else p + role)
+            inputs[name] = (tensor, row, shape)
+            rewrites.append((node, w, name))
+        for norm, size in (("ln1", H), ("ln2", H), ("qn", d), ("kn", d)):
+            a = init(f"decoder.layers.{i}.{norm}")
+            if a.shape != (size,):
+                raise ValueError(f"decoder.layers.{i}.{norm} is {list(a.shape)}, expected [{size}]")
+            tensors[p + norm] = a.astype(dtype)
+    tensors["norm"] = init("decoder.norm").astype(dtype)
+    embed = init("decoder.embed")
+    if embed.shape != (V, H):
+        raise ValueError(f"decoder.embed is {list(embed.shape)}, expected [{V}, {H}]")
+    tensors["embed"] = embed
+    inputs[INPUT_PREFIX + "embed"] = ("embed", 0, [V, H])
+    if "decoder.lm_head" in inits or "decoder.lm_head" in alias:
+        tensors["lm_head"] = init("decoder.lm_head")
+        inputs[INPUT_PREFIX + "lm_head"] = ("lm_head", 0, [V, H])
+    return tensors, inputs, rewrites
+
+
+def rewire(model, inputs: dict[str, tuple[str, int, list[int]]], rewrites: list) -> dict[str, int]:
+    """The weight MatMuls -> FusedMatMul(x, input, transB=1); the embedding and lm_head initializers -> inputs of
+    the same tensors; every initializer no node reads any more is dropped."""
+    from onnx import TensorProto, helper
+
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    dtype = next(iter(inits[w] for _, w, _ in rewrites)).data_type if rewrites else TensorProto.FLOAT
+    for node, _, name in rewrites:
+        a, out, nm = node.input[0], node.output[0], node.name
+        node.Clear()
+        node.CopyFrom(helper.make_node("FusedMatMul", [a, name], [out], name=nm + "_native", domain="com.microsoft",
+                                       transA=0, transB=1, alpha=1.0))
+    renamed = {"decoder.embed": INPUT_PREFIX + "embed", "decoder.lm_head": INPUT_PREFIX + "lm_head"}
+    for n in g.node:
+        for j, x in enumerate(n.input):
+            if x in renamed:
+                n.input[j] = renamed[x]
+    for n in list(g.node):      # Identity copies of the embedding (a checkpoint's tied weights) read it directly
+        if n.op_type == "Identity" and n.input[0] in renamed.values():
+            for m in g.node:
+                for j, x in enumerate(m.input):
+                    if x == n.output[0]:
+                        m.input[j] = n.input[0]
+            g.node.remove(n)
+    used = {x for n in g.node for x in n.input}
+    keep = [i for i in g.initializer if i.name in used]
+    dropped = len(g.initializer) - len(keep)
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    have = {i.name for i in g.input}
+    for name, (_, _, shape) in inputs.items():
+        if name in used and name not in have:
+            g.input.append(helper.make_tensor_value_info(name, dtype, shape))
+    unused = sorted(n for n in inputs if n not in used)
+    for n in unused:
+        del inputs[n]
+    if not any(op.domain == "com.microsoft" for op in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return {"fused_matmuls": len(rewrites), "initializers_dropped": dropped, "weight_inputs": len(inputs)}
+
+
+def write_weights(path: Path, tensors: dict[str, np.ndarray]) -> dict[str, dict]:
+    """The tensors, each 256-byte aligned, into one raw file; returns the index (name -> offset, shape)."""
+    index, off = {}, 0
+    with open(path, "wb") as f:
+        for name, a in tensors.items():
+            pad = (-off) % ALIGN
+            f.write(b"\0" * pad)
+            off += pad
+            index[name] = {"offset": off, "shape": list(a.shape)}
+            f.write(np.ascontiguousarray(a).tobytes())
+            off += a.nbytes
+    return index
+
+
+def native_step_artifact(src: Path, out: Path, progress=None) -> af.Artifact:
+    """ARTIFACT -> OUT with the decoder's weights in decoder_step.bin and read by the graph as inputs (module
+    doc).  The vision graph and the tokenizer are copied."""
+    from quantize.export import _file_table, _io, copy_unwritten
+    from quantize.fuse import load_graph, op_counts, save_graph
+
+    say = progress or (lambda s: log.info("%s", s))
+    t0 = time.perf_counter()
+    src, out = Path(src), Path(out)
+    m = af.read(src)
+    if m.decoder.attention != "gqa" or not m.decoder.select_on_device:
+        raise ValueError(f"{src}: the native decode step needs a decoder exported with --attention gqa "
+                         "--select-on-device")
+    if m.decoder.step_state:
+        raise ValueError(f"{src}: the native decode step does not take a step-state decoder; use the artifact it "
+                         "was made from")
+    if m.decoder.native_step:
+        raise ValueError(f"{src} already has its native decode step's weights")
+    if out.resolve() == src.resolve():
+        raise ValueError("OUT must differ from ARTIFACT")
+    out.mkdir(parents=True, exist_ok=True)
+    model = load_graph(src / m.decoder.file)
+    before = op_counts(model)
+    tensors, inputs, rewrites = find_weights(model, m.model["text"])
+    dtypes = {a.dtype for a in tensors.values()}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in (np.float16, np.float32):
+        raise ValueError(f"the decoder's weights must all be float16 or all float32, not {sorted(map(str, dtypes))}")
+    done = rewire(model, inputs, rewrites)
+    save_graph(model, out / m.decoder.file)
+    index = write_weights(out / WEIGHTS_FILE, tensors)
+    copy_unwritten(src, out, m.files, {m.decoder.file, m.decoder.file + ".data"})
+    spec = {"version": NATIVE_STEP_VERSION, "file": WEIGHTS_FILE, "dtype": str(next(iter(dtypes))),
+            "tensors": index, "inputs": {k: [t, r, s] for k, (t, r, s) in inputs.items()}}
+    report = {"version": NATIVE_STEP_VERSION, **done, "ops_before": before, "ops_after": op_counts(model),
+              "seconds": round(time.perf_counter() - t0, 1)}
+    new = m.derive(decoder=replace(m.decoder, native_step=spec, **_io(out / m.decoder.file)),
+                   files=_file_table(out), export=dict(m.export, native_step=report),
+                   source=dict(m.source, base_artifact=str(src.resolve())))
+    af.write(out, new)
+    say(f"wrote {out}: {len(tensors)} decoder weights in {WEIGHTS_FILE}, read by the graph as "
+        f"{len(inputs)} inputs ({report['seconds']:.0f} s)")
+    return new
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m quantize native-step", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("artifact", type=Path, help="FP16 or FP32 artifact exported with --attention gqa "
+                                                "--select-on-device, fused or not")
+    ap.add_argument("out", type=Path, help="artifact directory to write (not ARTIFACT)")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        native_step_artifact(a.artifact, a.out)
+    except (ValueError, EdgeOCRError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,211 @@
+"""The native decode step (`python -m quantize native-step`, edgeocr.backends.native_step).  On the CPU its launch
+list runs through the kernels' numpy twins (EDGEOCR_NATIVE_STEP=numpy) over the session's own buffers and the KV
+cache ONNX Runtime's prefill wrote: the same logits and tokens as ONNX Runtime's own step on the artifact it was
+made from (tiny random models of two shapes, exported and fused; the trained demo model on eval pages).  The CUDA
+kernels are compiled here by NVRTC for Orin, Ada and Hopper; they run only on a GPU (tests/test_gpu.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import CACHE_LEN, PREFILL_LEN, make_image
+from edgeocr.artifact import read
+from edgeocr.decode import DecodeOptions
+from edgeocr.model import OCRModel
+from edgeocr.slots import drive
+
+
+def _export(ckpt, out, **kw):
+    from quantize.export import ExportOptions, export
+    export(ckpt, out, ExportOptions(cache_len=CACHE_LEN, prefill_len=PREFILL_LEN, **kw))
+    return out
+
+
+@pytest.fixture(scope="module")
+def arts(ckpt_a, ckpt_b, tmp_path_factory):
+    """tiny-a (GQA 2, head 32, tied lm_head) and tiny-b (GQA 6, head 24, its own lm_head), 3 slots: the gqa +
+    in-graph-selection export and its native-step form; tiny-b's portable fusion and its native-step form."""
+    from quantize.fuse import FuseOptions, fuse_artifact
+    from quantize.native_step import native_step_artifact
+    root = tmp_path_factory.mktemp("native")
+    a = {}
+    for name, ck in (("a", ckpt_a), ("b", ckpt_b)):
+        a[name] = _export(ck, root / name, slots=3, attention="gqa", select_on_device=True)
+        native_step_artifact(a[name], root / f"{name}-native")
+        a[f"{name}-native"] = root / f"{name}-native"
+    fuse_artifact(a["b"], root / "b-fused", FuseOptions(target="portable"))
+    native_step_artifact(root / "b-fused", root / "b-fused-native")
+    a.update({"b-fused": root / "b-fused", "b-fused-native": root / "b-fused-native"})
+    return a
+
+
+def _pages(n):
+    return [make_image(70 + i, (420 + 60 * i, 900 - 50 * i)) for i in range(n)]
+
+
+LENGTHS = [3, 11, 5, 8, 2, 7, 9]
+
+
+def _run(model, pages, lengths=LENGTHS):
+    sched = model.scheduler()
+    reqs = [(i, model.page(p, task="spotting", options=DecodeOptions(max_new_tokens=n, repetition_penalty=1.3)))
+            for i, (p, n) in enumerate(zip(pages, lengths))]
+    done = {}
+    for events in drive(sched, reqs):
+        done.update((ev.tag, ev.result.token_ids) for ev in events if ev.result is not None)
+    return [done[i] for i in range(len(pages))]
+
+
+def test_the_pass_moves_the_weights_out_of_the_graph(arts):
+    """The decoder's projections read graph inputs bound to decoder_step.bin: the weights are stored once."""
+    import onnx
+    for name in ("a-native", "b-fused-native"):
+        m = read(arts[name])
+        spec = m.decoder.native_step
+        g = onnx.load(str(arts[name] / m.decoder.file), load_external_data=False).graph
+        ops = [n.op_type for n in g.node]
+        inits = {i.name for i in g.initializer}
+        assert all(n.input[1] not in inits or "rope" in n.input[1] for n in g.node if n.op_type == "MatMul")
+        layers = m.model["text"]["num_layers"]
+        assert ops.count("FusedMatMul") == layers * (4 if name == "a-native" else 5)
+        assert {i.name for i in g.input} >= set(spec["inputs"])
+        base = arts[name.replace("-native", "")]
+        before = (base / (m.decoder.file + ".data")).stat().st_size
+        after = (arts[name] / (m.decoder.file + ".data")).stat().st_size
+        weights = (arts[name] / spec["file"]).stat().st_size
+        assert after < 0.1 * before and abs(after + weights - before) < 0.05 * before, (before, after, weights)
+        assert spec["tensors"]["layers.0.gate_up"]["shape"] == [2 * m.model["text"]["intermediate_size"],
+                                                                  m.hidden_size]
+
+
+@pytest.mark.parametrize("pair", [("a", "a-native"), ("b", "b-native"), ("b-fused", "b-fused-native")])
+def test_same_tokens_as_onnx_runtimes_step(arts, pair, monkeypatch):
+    """7 pages of 2-11 tokens through 3 slots, pages admitted as slots free: the native step's tokens (numpy
+    twins) equal ONNX Runtime's step on the artifact it was made from, and ONNX Runtime's step on the native-step
+    artifact (its weights bound as inputs) gives them too."""
+    pages = _pages(7)
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
+    ref = _run(OCRModel(arts[pair[0]]), pages)
+    ort_step = OCRModel(arts[pair[1]])
+    assert ort_step.session.engine == "onnxruntime"
+    assert _run(ort_step, pages) == ref
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "numpy")
+    model = OCRModel(arts[pair[1]])
+    assert model.session.engine == "native-numpy" and model.session.name.endswith("+native-numpy")
+    assert _run(model, pages) == ref
+    assert len({tuple(t) for t in ref}) > 3                 # the pages really differ
+
+
+def test_step_logits_match_onnx_runtime(arts, monkeypatch):
+    """Three prompts prefilled, then steps with one slot idle for a while: the native step's logits, chosen tokens
+    and KV cache rows equal ONNX Runtime's step within float32 rounding (tiny-b: its own lm_head, GQA 6)."""
+    from edgeocr.backends.ort import open_ort_session
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "numpy")
+    nat = open_ort_session(arts["b-native"], read(arts["b-native"]))
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
+    ref = open_ort_session(arts["b"], read(arts["b"]))
+    rng = np.random.default_rng(0)
+    d, vocab = ref.head_dim, ref.vocab_size
+    sels = [s.selection() for s in (ref, nat)]
+    pos = np.array([40, 25, 60], np.int64)
+    for slot, n in enumerate(pos):
+        ids = rng.integers(0, vocab, n)
+        cos, sin = (rng.uniform(-1, 1, (n, d)).astype(np.float32) for _ in range(2))
+        firsts = [sel.first(slot, ids, 1.3, cos, sin) for sel in sels]
+        assert firsts[0] == firsts[1]
+    for step in range(5):
+        live = np.array([True, step not in (1, 2), True])
+        tokens = rng.integers(0, vocab, 3)
+        cos, sin = (rng.uniform(-1, 1, (3, d)).astype(np.float32) for _ in range(2))
+        outs = [sel.next(tokens, pos, cos, sin, live, np.zeros(3, np.int64)).copy() for sel in sels]
+        logits = [s.mem.read(s.logits, s.h_logits).copy() for s in (ref, nat)]
+        np.testing.assert_allclose(logits[1][live], logits[0][live], rtol=1e-4, atol=1e-4)
+        assert (outs[0][live] == outs[1][live]).all()
+        pos = pos + live
+    for i in range(ref.layers):
+        for slot in range(3):
+            rows = int(pos[slot])
+            np.testing.assert_allclose(nat.keys[i].host[slot, :, :rows], ref.keys[i].host[slot, :, :rows], atol=1e-5)
+            np.testing.assert_allclose(nat.values[i].host[slot, :, :rows], ref.values[i].host[slot, :, :rows],
+                                       atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def demo_native(demo_arts, tmp_path_factory):
+    from quantize.native_step import native_step_artifact
+    out = tmp_path_factory.mktemp("demo-native") / "fp32-native"
+    native_step_artifact(demo_arts["fp32"], out)
+    return out
+
+
+def test_the_demo_model_reads_the_same(demo_arts, demo_native, monkeypatch):
+    """The trained model on two eval pages, two slots busy: the native step writes the text ONNX Runtime's does."""
+    from pathlib import Path
+    from PIL import Image
+    root = Path(__file__).resolve().parents[1] / "calibration_data" / "eval"
+    pages = [Image.open(root / f"{i:06d}.jpg").convert("RGB") for i in range(2)]
+    opts = DecodeOptions(max_new_tokens=60)
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
+    ref = dict(OCRModel(demo_arts["fp32"]).recognize_many(pages, options=opts))
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "numpy")
+    got = dict(OCRModel(demo_native).recognize_many(pages, options=opts))
+    assert [got[i].token_ids for i in range(2)] == [ref[i].token_ids for i in range(2)]
+    assert all(len(ref[i].text) > 20 for i in range(2))
+
+
+def test_the_pass_refuses_what_the_step_cannot_run(ckpt_b, arts, tmp_path):
+    from quantize.native_step import native_step_artifact
+    host = _export(ckpt_b, tmp_path / "host", attention="gqa")
+    with pytest.raises(ValueError, match="--attention gqa --select-on-device"):
+        native_step_artifact(host, tmp_path / "x")
+    with pytest.raises(ValueError, match="already has its native decode step"):
+        native_step_artifact(arts["a-native"], tmp_path / "y")
+    with pytest.raises(ValueError, match="OUT must differ"):
+        native_step_artifact(arts["a"], arts["a"])
+    from quantize.weight_int8 import build_cpu
+    build_cpu(arts["b-fused"], tmp_path / "w8")
+    with pytest.raises(ValueError, match="quantized"):
+        native_step_artifact(tmp_path / "w8", tmp_path / "z")
+
+
+def test_the_plan_is_nine_kernels_a_layer(arts):
+    """What the CUDA graph replays: embedding and first norm, 9 kernels a layer, lm_head and a two-pass selection
+    (ONNX Runtime's fused step: 15 a layer and 63 outside them, docs/perf.md)."""
+    from edgeocr.backends.native_step import Dims, step_plan
+    d = Dims(layers=24, hidden=1024, inter=3584, nq=16, kvh=8, head_dim=128, vocab=120818, cache_len=4096,
+             eps=1e-5, lm_head="embed")
+    plan = step_plan(d, 1, sms=132)
+    assert len(plan) == 2 + 9 * 24 + 3 == 221
+    # every GEMV grid covers its rows: rows per block = 8 warps / KS
+    for launch in plan:
+        if launch.kernel in ("gemv", "gemvf", "swiglu"):
+            rows, ks = launch.args[3][1], int(launch.symbol.rsplit("ks", 1)[1])
+            assert launch.grid[0] * (8 // ks) >= rows > (launch.grid[0] - 1) * (8 // ks)
+
+
+@pytest.mark.parametrize("arch", ["sm_87", "sm_89", "sm_90"])
+def test_the_kernels_compile_for_orin_ada_and_hopper(arch):
+    """NVRTC compiles the step's kernels for the real decoder's shape and a tiny one, and every symbol a plan
+    launches is in the cubin."""
+    from edgeocr.backends import nvrtc
+    from edgeocr.backends.native_step import SOURCE, Dims, step_plan
+    for slots, head, group in ((1, 128, 2), (3, 32, 2)):
+        cubin = nvrtc.compile_cubin(SOURCE, arch, {"SLOTS": slots, "HEAD_DIM": head, "GROUP": group})
+        d = Dims(layers=2, hidden=256, inter=512, nq=2 * group, kvh=2, head_dim=head, vocab=1000, cache_len=512,
+                 eps=1e-5, lm_head="embed")
+        for sms in (16, 132):
+            missing = {launch.symbol for launch in step_plan(d, slots, sms)} - {
+                s for s in {launch.symbol for launch in step_plan(d, slots, sms)} if s.encode() in cubin}
+            assert not missing, missing
+
+
+def test_where_the_cuda_kernels_apply():
+    from edgeocr.backends.native_step import Dims, cuda_problem
+    d = Dims(layers=2, hidden=1024, inter=3584, nq=16, kvh=8, head_dim=128, vocab=10, cache_len=64, eps=1e-5,
+             lm_head="embed")
+    assert cuda_problem(d, 8, np.float16) is None
+    assert "FP16" in cuda_problem(d, 1, np.float32)
+    assert "9 slots" in cuda_problem(d, 9, np.float16)
+    from dataclasses import replace
+    assert "head size 24" in cuda_problem(replace(d, head_dim=24), 1, np.float16)
