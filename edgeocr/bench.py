@@ -229,7 +229,8 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
               "middle": statistics.mean(steps[q:-q]) if len(steps) > 2 * q else 0.0,
               "last_quarter": statistics.mean(steps[-q:]) if steps else 0.0}
     m = model.artifact
-    dec_bytes = sum(v["bytes"] for k, v in m.files.items() if k.startswith(m.decoder.file))
+    dec_bytes = sum(v["bytes"] for k, v in m.files.items()
+                    if k.startswith(m.decoder.file) or k == m.decoder.native_step.get("file"))
     kv = model.session.memory_bytes()["kv_cache"]
     name = _gpu_name() if device == "cuda" else "cpu"
     bw = _bandwidth(name)
@@ -250,8 +251,14 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
         flavour=(f"attention {m.decoder.attention}, selection "
                  f"{'in graph' if m.decoder.select_on_device else 'host'}, "
                  f"{'step state on the device, ' if m.decoder.step_state else ''}"
-                 f"CUDA graph {'on' if getattr(model.session, 'cuda_graph', False) else 'off'}"),
+                 f"{'native step weights (step: ' + model.session.engine + '), ' if m.decoder.native_step else ''}"
+                 f"CUDA graph {'on' if step_graph(model.session) else 'off'}"),
         preprocess=preprocess)
+
+
+def step_graph(session) -> bool:
+    """Whether the decode step replays a CUDA graph: ONNX Runtime's, or the native step's own."""
+    return bool(getattr(session, "step_cuda_graph", getattr(session, "cuda_graph", False)))
 
 
 def format_table(r: BenchResult, hf: dict | None = None) -> str:
@@ -350,7 +357,7 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
     m = model.artifact
     return {"backend": model.session.name, "precision": m.precision, "slots": m.slots,
             "flavour": f"attention {m.decoder.attention}, selection {'in graph' if m.decoder.select_on_device else 'host'}, "
-                       f"CUDA graph {'on' if getattr(model.session, 'cuda_graph', False) else 'off'}",
+                       f"CUDA graph {'on' if step_graph(model.session) else 'off'}",
             "device_name": _gpu_name() if device == "cuda" else "cpu", "pages": done, "new_tokens_per_page": tokens,
             "wall_s": wall, "pages_per_s": done / wall, "tokens_per_s": done * tokens / wall,
             "step_ms_all_slots_busy": statistics.mean(full_steps) if full_steps else None,

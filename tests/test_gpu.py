@@ -167,3 +167,29 @@ def test_demo_step_state_on_cuda_graphs(tmp_path, monkeypatch):
     got = dict(state.recognize_many(pages, task="structured_parse", options=o))
     assert {i: r.token_ids for i, r in got.items()} == {i: r.token_ids for i, r in want.items()}
     assert state.session.resyncs == 0
+
+
+def test_demo_native_step_on_cuda(tmp_path, monkeypatch):
+    """`quantize native-step` of the demo model's fast FP16 flavour with 3 slots: every kernel of a decode step
+    against its numpy twin on the page's real state (kernel by kernel), then 6 eval pages through the native CUDA
+    step (one CUDA graph a step) give the tokens of ONNX Runtime's step on the same artifact."""
+    from pathlib import Path
+
+    from edgeocr.dataset import load_dir
+    from quantize.native_step import native_step_artifact
+    pages = [p.path for p in load_dir(Path(__file__).resolve().parents[1] / "calibration_data" / "eval")[:6]]
+    art = _demo_export(tmp_path, "fast16x3", precision="fp16", attention="gqa", select_on_device=True, slots=3)
+    native_step_artifact(art, tmp_path / "native")
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "1")
+    nat = OCRModel(tmp_path / "native", device="cuda")
+    assert nat.session.engine == "native-cuda"
+    o = DecodeOptions(max_new_tokens=200)
+    got = dict(nat.recognize_many(pages, task="structured_parse", options=o))
+    rows = nat.session.check_kernels()
+    bad = [r for r in rows if r.get("mismatches", 0) or r.get("max_rel_err", 0) > 2e-2 or not r.get("finite", True)]
+    assert not bad, bad
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
+    ref = OCRModel(tmp_path / "native", device="cuda")
+    assert ref.session.engine == "onnxruntime"
+    want = dict(ref.recognize_many(pages, task="structured_parse", options=o))
+    assert {i: r.token_ids for i, r in got.items()} == {i: r.token_ids for i, r in want.items()}

@@ -209,3 +209,46 @@ def test_where_the_cuda_kernels_apply():
     assert "9 slots" in cuda_problem(d, 9, np.float16)
     from dataclasses import replace
     assert "head size 24" in cuda_problem(replace(d, head_dim=24), 1, np.float16)
+
+
+def test_the_kernel_check_compares_each_launch_with_its_twin(arts, monkeypatch):
+    """CudaStep.check's bookkeeping (the GPU's per-kernel diagnostic) on the CPU: a stand-in module whose
+    "launch" runs the numpy twin on the session's buffers in place.  Every output of every kernel is compared,
+    and all agree exactly."""
+    from edgeocr.backends import native_step as ns
+    from edgeocr.backends.memory import HostMemory
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "numpy")
+    m = OCRModel(arts["a-native"])
+    _run(m, _pages(3), [4, 6, 5])
+    s = m.session
+    plan = ns.step_plan(s.dims, s.slots)
+    bufs = s._step_buffers()
+    live = ns.NumpyStep(plan, {k: b.host for k, b in bufs.items()}, s.w_dtype)
+    order = iter(plan)
+
+    class Module:                       # the launches come in plan order
+        def launch(self, symbol, grid, block, stream, args):
+            launch = next(order)
+            assert launch.symbol == symbol and launch.args == args
+            getattr(live, "k_" + launch.kernel)(launch, *[live._arg(a) for a in launch.args])
+
+    class Rt:
+        class lib:
+            @staticmethod
+            def cudaSetDevice(i):
+                return 0
+
+        @staticmethod
+        def stream_sync(stream):
+            pass
+
+    step = object.__new__(ns.CudaStep)
+    step.rt, step.mod, step.stream = Rt(), Module(), 0
+    step.calls = [(launch.symbol, launch.grid, launch.block, launch.args) for launch in plan]
+    rows = step.check(plan, bufs, HostMemory(), s.w_dtype)
+    kinds = {r["kernel"] for r in rows}
+    assert kinds == set(ns.OUTPUTS), kinds
+    # embedding, first norm (x, xn); a layer: q|k|v, RoPE (q, k, v), attention, o, norm (x, xn), SwiGLU, down,
+    # norm (x, xn); lm_head; selection
+    assert len(rows) == 1 + 2 + s.dims.layers * (1 + 3 + 1 + 1 + 2 + 1 + 1 + 2) + 1 + 1
+    assert all(r.get("mismatches", 0) == 0 and r.get("max_rel_err", 0) == 0 for r in rows), rows

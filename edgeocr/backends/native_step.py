@@ -237,6 +237,9 @@ class NumpyStep:
 
 
 # ---------------------------------------------------------------------------------------------- CUDA
+# what each kernel writes (argument positions) that its numpy twin computes too
+OUTPUTS = {"embed_rows": (2,), "add_rmsnorm": (0, 3), "gemv": (2,), "gemvf": (2,), "swiglu": (2,),
+           "rope_qknorm_append": (6, 7, 8), "attn_combine": (3,), "select_final": (2,)}
 SOURCE = '#include "decode_gemv.cu"\n#include "decode_attention.cu"\n#include "decode_step.cu"\n'
 
 
@@ -268,6 +271,36 @@ class CudaStep:
         self.stream = self.rt.stream_create()
         self.graph = graph
         self.exe = None
+
+    def check(self, plan: list[Launch], bufs: dict, mem, dtype) -> list[dict]:
+        """Each launch of the list on the GPU, one at a time, against its numpy twin run on the same inputs (the
+        device buffers it reads, copied back first): [{"kernel", "output", "max_rel_err" | "mismatches"}].  One
+        step's worth of launches; it advances the session's state like a step.  Diagnostics (tests/test_gpu.py,
+        scripts/gpu_native_step.sh)."""
+        twin = NumpyStep(plan, {}, dtype)
+        rows = []
+        self.rt.lib.cudaSetDevice(0)
+        for launch, (symbol, grid, block, args) in zip(plan, self.calls):
+            names = {a for a in launch.args if isinstance(a, str)}
+            if launch.kernel == "select_final":
+                names |= {"logits", "seen", "penalty"}
+            twin.b = {n: mem.read(bufs[n], np.empty(bufs[n].shape, bufs[n].dtype)) for n in names}
+            getattr(twin, "k_" + launch.kernel)(launch, *[twin._arg(a) for a in launch.args])
+            self.mod.launch(symbol, grid, block, self.stream, args)
+            self.rt.stream_sync(self.stream)
+            for j in OUTPUTS.get(launch.kernel, ()):
+                name = launch.args[j]
+                got = mem.read(bufs[name], np.empty(bufs[name].shape, bufs[name].dtype))
+                want = twin.b[name]
+                row = {"kernel": launch.kernel, "symbol": symbol, "output": name}
+                if np.issubdtype(want.dtype, np.integer):
+                    row["mismatches"] = int((got != want).sum())
+                else:
+                    g, w = got.astype(np.float64), want.astype(np.float64)
+                    row["max_rel_err"] = float(np.abs(g - w).max() / max(np.abs(w).max(), 1e-6))
+                    row["finite"] = bool(np.isfinite(g).all())
+                rows.append(row)
+        return rows
 
     def launch_all(self) -> None:
         for symbol, grid, block, args in self.calls:
@@ -344,6 +377,8 @@ class NativeStepSession(GqaSession):
         super().__init__(path, art, device=device, threads=threads,
                          cuda_graph=False if self.engine == "native-cuda" else cuda_graph)
         self.name = f"{self.name}+{self.engine}" if self.engine != "onnxruntime" else self.name
+        # the step's CUDA graph: the native step's own, or ONNX Runtime's
+        self.step_cuda_graph = self._native.graph if self.engine == "native-cuda" else self.cuda_graph
 
     # ------------------------------------------------------------ buffers
     def _alloc_flavour(self) -> None:
@@ -402,6 +437,7 @@ class NativeStepSession(GqaSession):
             return
         from edgeocr.backends import nvrtc
         _, sms = nvrtc.device_arch()
+        self._sms = sms
         bufs = self._step_buffers()
         self._native = CudaStep(step_plan(d, self.slots, sms), {k: b.ptr for k, b in bufs.items()},
                                 {"SLOTS": self.slots, "HEAD_DIM": d.head_dim, "GROUP": d.nq // d.kvh},
@@ -414,6 +450,14 @@ class NativeStepSession(GqaSession):
             super()._run_step()
         else:
             self._native.run()
+
+    def check_kernels(self) -> list[dict]:
+        """The next decode step run kernel by kernel against the numpy twins (CudaStep.check), on whatever the
+        step buffers hold now (after a prefill and a step: a page's real state)."""
+        if self.engine != "native-cuda":
+            raise BackendError(f"check_kernels needs the native CUDA step (this session: {self.engine})")
+        return self._native.check(step_plan(self.dims, self.slots, self._sms), self._native_bufs, self.mem,
+                                  self.w_dtype)
 
     def memory_bytes(self) -> dict:
         return {**super().memory_bytes(), "decoder_weights": self.native_bytes}

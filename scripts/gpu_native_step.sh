@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# The native decode step on a GPU, in one call of at most 9 minutes (an H200 with CUDA torch and the ONNX Runtime
+# GPU wheels importable; SITE=/tmp/site is put first on PYTHONPATH if it exists):
+#   1. the real-size architecture on random weights, exported FP16 (gqa + selection in the graph, 4,096-token
+#      cache), fused for CUDA, then `quantize native-step` of the fused artifact
+#   2. every kernel of one decode step against its numpy twin, on a page's real state (check.json)
+#   3. `edgeocr bench` of the native-step artifact with the native step and with ONNX Runtime's step
+#      (EDGEOCR_NATIVE_STEP=1 / 0: the same weights, the same prefill), and of the fused artifact it was made from
+#   4. the kernels of a decode step (gpu_profile.py) and device memory after two pages (gpu_perf.py memory)
+#   5. tokens of the native step against ONNX Runtime's on two eval pages (64 tokens, past the end token)
+#   6. as time allows: the decode-kernel microbenchmark against cuBLAS and SDPA (gpu_decode_kernels.py)
+# Results in $OUT: summary.json, bench.txt, profile.txt, run.log.
+#   scripts/gpu_native_step.sh
+#   scripts/gpu_native_step.sh --cpu-tiny   the same steps on the CPU with a tiny FP32 checkpoint and the numpy
+#                                           twins (checks the script)
+set -uo pipefail
+MODE=gpu
+[ "${1:-}" = "--cpu-tiny" ] && MODE=cpu
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+SITE=${SITE:-/tmp/site}
+export PYTHONPATH=$([ -d "$SITE" ] && echo "$SITE:")$ROOT PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+W=${WORK:-/tmp/work-native}; R=$W/results; mkdir -p "$W" "$R"
+TOKENS=${TOKENS:-256}
+DEADLINE_S=${DEADLINE_S:-420}
+HARD_S=${HARD_S:-530}
+IMG=$ROOT/calibration_data/eval/000000.jpg
+LOG=$OUT/run.log; : > "$LOG"
+T0=$(date +%s)
+if [ $MODE = gpu ]; then DEV=cuda; TARGET=cuda; NATIVE=1; PRECISION=fp16; GRAPH="--cuda-graph on"
+else DEV=cpu; TARGET=portable; NATIVE=numpy; PRECISION=fp32; GRAPH=""; TOKENS=${TOKENS_CPU:-8}; fi
+
+say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$LOG"; }
+step() { local name=$1; shift; local t=$(date +%s); local left=$(( HARD_S - (t - T0) ))
+  [ "$left" -gt 5 ] || { say "-- skipping $name: past ${HARD_S} s"; return 124; }
+  say "-- $name"; timeout -k 5 "$left" "$@" >> "$LOG" 2>&1; local rc=$?
+  echo "{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $(( $(date +%s) - t ))}" > "$R/step_${name}.json"
+  [ $rc = 0 ] || say "   $name failed (rc $rc), see run.log"; return $rc; }
+in_time() { [ $(( $(date +%s) - T0 )) -lt "$DEADLINE_S" ] || { say "-- skipping $1: past ${DEADLINE_S} s"; return 1; }; }
+
+say "mode $MODE, device $DEV, native step $NATIVE, work $W"
+# 1. artifacts
+if [ $MODE = gpu ]; then
+  CKPT=$W/real-ckpt
+  [ -f $CKPT/config.json ] || step checkpoint $PY -m quantize.realsize $CKPT
+  EXPORT_ARGS="--cache-len 4096 --device cuda"
+else
+  CKPT=$W/tiny-ckpt
+  [ -f $CKPT/config.json ] || step checkpoint $PY -m quantize tiny $CKPT --config tiny-a --seed 1
+  EXPORT_ARGS="--cache-len 1536 --prefill-len 1400"
+fi
+[ -f $W/export/manifest.json ] || step export $PY -m quantize export $CKPT $W/export --precision $PRECISION \
+  --attention gqa --select-on-device $EXPORT_ARGS
+rm -rf $W/fused $W/native
+step fuse $PY -m quantize fuse $W/export $W/fused --target $TARGET
+step native $PY -m quantize native-step $W/fused $W/native
+
+# 2. each kernel against its numpy twin, after a page's prefill and 16 steps
+step check env EDGEOCR_NATIVE_STEP=$NATIVE $PY - "$R/check.json" $W/native $DEV "$IMG" <<'EOF'
+import json, sys
+import numpy as np
+from edgeocr.model import OCRModel
+out, art, dev, img = sys.argv[1:]
+m = OCRModel(art, device=dev)
+s = m.session
+from edgeocr.decode import DecodeOptions
+m.recognize(img, task="spotting", options=DecodeOptions(max_new_tokens=16, ignore_stop=True))
+rows = s.check_kernels() if s.engine == "native-cuda" else []
+worst = {}
+for r in rows:
+    k = r["kernel"]
+    e = r.get("max_rel_err", float(r.get("mismatches", 0)))
+    worst[k] = max(worst.get(k, 0.0), e)
+res = {"engine": s.engine, "launches_checked": len(rows), "worst_by_kernel": worst,
+       "bad": [r for r in rows if r.get("mismatches", 0) or r.get("max_rel_err", 0) > 2e-2 or not r.get("finite", True)][:20]}
+json.dump(res, open(out, "w"), indent=1); print(json.dumps({k: v for k, v in res.items() if k != "bad"}), len(res["bad"]), "bad")
+EOF
+
+# 3. bench: native step, ONNX Runtime's step on the same artifact, the fused artifact it came from
+: > "$OUT/bench.txt"; : > "$OUT/profile.txt"
+bench() { local name=$1 art=$2 native=$3
+  step bench_$name env EDGEOCR_NATIVE_STEP=$native $PY -m edgeocr bench $art --device $DEV --tokens $TOKENS \
+    --repeats 2 $GRAPH --image "$IMG" --json "$R/bench_$name.json" \
+    && $PY - "$R/bench_$name.json" "$name" >> "$OUT/bench.txt" <<'EOF'
+import json, sys
+from edgeocr.bench import BenchResult, format_table
+d = json.load(open(sys.argv[1]))
+print(f"##### {sys.argv[2]}"); print(format_table(BenchResult(**d["edgeocr"]))); print()
+EOF
+}
+bench native $W/native $NATIVE
+bench native_ort_step $W/native 0
+bench fused $W/fused 0
+
+# 4. kernels per decode step, device memory
+if [ $MODE = gpu ]; then
+  for n in native:$NATIVE fused:0; do
+    name=${n%%:*} native=${n##*:}; art=$W/$name
+    step profile_$name env EDGEOCR_NATIVE_STEP=$native $PY scripts/gpu_profile.py $art --device cuda --cuda-graph \
+      --label $name --json "$R/profile_$name.json" && $PY -c "
+import json; d = json.load(open('$R/profile_$name.json'))
+print('#####', d['label'])
+for s in d['stages']:
+    print(f\"== {s['stage']}: wall {s['wall_ms']:.3f} ms, GPU busy {s['gpu_busy_ms']:.3f} ms, {s['kernels']:.0f} kernels\")
+    for k in s['top']: print(f\"   {k['ms']:8.3f} ms {k['count']:6.1f}x  {k['kernel'][:110]}\")
+print()" >> "$OUT/profile.txt"
+  done
+  step memory_native env EDGEOCR_NATIVE_STEP=1 $PY scripts/gpu_perf.py memory $W/native --config runtime --device cuda \
+    --tokens $TOKENS --image "$IMG" --json "$R/memory_native_runtime.json"
+fi
+
+# 5. tokens: native step against ONNX Runtime's, same artifact
+step tokens $PY - "$R/tokens.json" $DEV $W/native $NATIVE <<'EOF'
+import json, os, sys
+from pathlib import Path
+from edgeocr.dataset import load_dir
+from edgeocr.decode import DecodeOptions
+from edgeocr.model import OCRModel
+out, dev, art, native = sys.argv[1:]
+pages = load_dir(Path("calibration_data/eval"))[:2]
+o = DecodeOptions(max_new_tokens=64, ignore_stop=True)
+runs = {}
+for mode in (native, "0"):
+    os.environ["EDGEOCR_NATIVE_STEP"] = mode
+    m = OCRModel(art, device=dev)
+    runs[m.session.engine] = [m.recognize(p.path, task="spotting", options=o).token_ids for p in pages]
+(a, ta), (b, tb) = runs.items()
+res = {"engines": [a, b], "identical": ta == tb,
+       "first_divergence": [next((i for i, (x, y) in enumerate(zip(t, u)) if x != y), None) for t, u in zip(ta, tb)]}
+json.dump(res, open(out, "w"), indent=1); print(res)
+EOF
+
+# 6. as time allows
+[ $MODE = gpu ] && in_time "decode kernels against cuBLAS" && step kernels $PY scripts/gpu_decode_kernels.py \
+  --json "$R/decode_kernels.json"
+
+$PY - "$R" "$OUT/summary.json" <<'EOF' 2>&1 | tee -a "$LOG"
+import glob, json, os, sys
+r, out = sys.argv[1:]
+summary = {os.path.basename(f)[:-5]: json.load(open(f)) for f in sorted(glob.glob(os.path.join(r, "*.json")))}
+json.dump(summary, open(out, "w"), indent=1)
+for k in ("bench_native", "bench_native_ort_step", "bench_fused"):
+    e = summary.get(k, {}).get("edgeocr")
+    if e:
+        print(f"{k}: decode {e['decode_ms_per_token']:.3f} ms/token, first token {e['first_token_ms']:.1f} ms, "
+              f"backend {e['backend']}")
+EOF
+say "done in $(( $(date +%s) - T0 )) s; results in $OUT"
