@@ -65,7 +65,7 @@ def find_weights(model, text: dict) -> tuple[dict[str, np.ndarray], dict[str, tu
             raise ValueError(f"the decoder graph has no weight {name!r}: not a decoder exported by edgeocr")
         return numpy_helper.to_array(inits[name])
 
-    L, H, I = text["num_layers"], text["hidden_size"], text["intermediate_size"]
+    L, H, inter = text["num_layers"], text["hidden_size"], text["intermediate_size"]
     nq, kvh, d, V = text["num_heads"], text["num_kv_heads"], text["head_dim"], text["vocab_size"]
     # the projections: MatMuls whose second input is a 2-D weight, in graph order (RoPE's own tables excluded)
     mats = []
@@ -84,8 +84,8 @@ def find_weights(model, text: dict) -> tuple[dict[str, np.ndarray], dict[str, tu
                          "expected: q|k|v, o, gate|up or gate and up, down): not a GroupQueryAttention decoder "
                          "exported by edgeocr")
     W = nq * d + 2 * kvh * d
-    expect = ([("qkv", [H, W]), ("o", [nq * d, H]), ("gate_up", [H, 2 * I]), ("down", [I, H])] if per == 4 else
-              [("qkv", [H, W]), ("o", [nq * d, H]), ("gate", [H, I]), ("up", [H, I]), ("down", [I, H])])
+    expect = ([("qkv", [H, W]), ("o", [nq * d, H]), ("gate_up", [H, 2 * inter]), ("down", [inter, H])] if per == 4 else
+              [("qkv", [H, W]), ("o", [nq * d, H]), ("gate", [H, inter]), ("up", [H, inter]), ("down", [inter, H])])
     tensors: dict[str, np.ndarray] = {}
     inputs: dict[str, tuple[str, int, list[int]]] = {}
     rewrites = []
@@ -106,9 +106,9 @@ def find_weights(model, text: dict) -> tuple[dict[str, np.ndarray], dict[str, tu
         else:
             tensors[p + "gate_up"] = np.ascontiguousarray(np.concatenate([got["gate"][2].T, got["up"][2].T]))
         tensors[p + "down"] = np.ascontiguousarray(got["down"][2].T)
-        roles = [("qkv", p + "qkv", 0, [W, H]), ("o", p + "o", 0, [H, nq * d]), ("down", p + "down", 0, [H, I])]
-        roles += ([("gate_up", p + "gate_up", 0, [2 * I, H])] if per == 4 else
-                  [("gate", p + "gate_up", 0, [I, H]), ("up", p + "gate_up", I, [I, H])])
+        roles = [("qkv", p + "qkv", 0, [W, H]), ("o", p + "o", 0, [H, nq * d]), ("down", p + "down", 0, [H, inter])]
+        roles += ([("gate_up", p + "gate_up", 0, [2 * inter, H])] if per == 4 else
+                  [("gate", p + "gate_up", 0, [inter, H]), ("up", p + "gate_up", inter, [inter, H])])
         for role, tensor, row, shape in roles:
             node, w, _ = got[role]
             name = INPUT_PREFIX + (tensor if role not in ("gate", "up") else p + role)

@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
-import glob
 import json
-import os
 import sys
 import time
 from pathlib import Path

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import CACHE_LEN, PREFILL_LEN, make_image
+
 from edgeocr.artifact import read
 from edgeocr.decode import DecodeOptions
 from edgeocr.model import OCRModel
@@ -142,6 +142,7 @@ def demo_native(demo_arts, tmp_path_factory):
 def test_the_demo_model_reads_the_same(demo_arts, demo_native, monkeypatch):
     """The trained model on two eval pages, two slots busy: the native step writes the text ONNX Runtime's does."""
     from pathlib import Path
+
     from PIL import Image
     root = Path(__file__).resolve().parents[1] / "calibration_data" / "eval"
     pages = [Image.open(root / f"{i:06d}.jpg").convert("RGB") for i in range(2)]
