@@ -49,10 +49,20 @@ class CudaRT:
     def memset(self, ptr: int, nbytes: int) -> None:
         self._check(self.lib.cudaMemset(ctypes.c_void_p(ptr), 0, ctypes.c_size_t(nbytes)), "cudaMemset")
 
-    def stream_create(self) -> int:
+    def stream_create(self, non_blocking: bool = False) -> int:
         s = ctypes.c_void_p()
-        self._check(self.lib.cudaStreamCreate(ctypes.byref(s)), "cudaStreamCreate")
+        if non_blocking:     # does not wait for (nor make wait) CUDA's legacy default stream
+            self._check(self.lib.cudaStreamCreateWithFlags(ctypes.byref(s), ctypes.c_uint(_STREAM_NON_BLOCKING)),
+                        "cudaStreamCreateWithFlags")
+        else:
+            self._check(self.lib.cudaStreamCreate(ctypes.byref(s)), "cudaStreamCreate")
         return int(s.value)
+
+    def make_current(self, device: int = 0) -> None:
+        """The device's primary context current on this thread (what the driver API launches into); cudaFree(0)
+        initializes it where cudaSetDevice alone does not (CUDA 11)."""
+        self._check(self.lib.cudaSetDevice(device), "cudaSetDevice")
+        self._check(self.lib.cudaFree(ctypes.c_void_p(0)), "cudaFree(0)")
 
     def stream_priority_range(self) -> tuple[int, int]:
         """(lowest, highest) stream priority of the current device; a lower number is a higher priority
@@ -99,8 +109,9 @@ class CudaRT:
         """End the capture and instantiate it; returns the executable graph."""
         graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
         self._check(self.lib.cudaStreamEndCapture(ctypes.c_void_p(stream), ctypes.byref(graph)), "cudaStreamEndCapture")
-        self._check(self.lib.cudaGraphInstantiate(ctypes.byref(exe), graph, ctypes.c_ulonglong(0)),
-                    "cudaGraphInstantiate")
+        # the flags form: one signature from CUDA 11.4 (JetPack 5) on; cudaGraphInstantiate's changed in CUDA 12
+        self._check(self.lib.cudaGraphInstantiateWithFlags(ctypes.byref(exe), graph, ctypes.c_ulonglong(0)),
+                    "cudaGraphInstantiateWithFlags")
         return int(exe.value)
 
     def graph_launch(self, exe: int, stream: int) -> None:

@@ -253,7 +253,7 @@ class CudaStep:
         from edgeocr.backends import cudart, nvrtc
 
         self.rt = cudart.load()
-        self.rt.lib.cudaSetDevice(0)            # the primary context, current on this thread for the driver API
+        self.rt.make_current()                  # the primary context, current on this thread for the driver API
         arch, _ = nvrtc.device_arch()
         symbols = sorted({launch.symbol for launch in plan})
         self.mod = nvrtc.Module(nvrtc.compile_cubin(SOURCE, arch, defines), symbols)
@@ -268,7 +268,9 @@ class CudaStep:
                 else:
                     args.append(ctypes.c_void_p(ptrs[a]))
             self.calls.append((launch.symbol, launch.grid, launch.block, args))
-        self.stream = self.rt.stream_create()
+        # non-blocking: the vision worker's copies on CUDA's legacy stream neither wait for a step nor break its
+        # capture; the session syncs the legacy stream before a step and this stream after it
+        self.stream = self.rt.stream_create(non_blocking=True)
         self.graph = graph
         self.exe = None
 
@@ -279,7 +281,7 @@ class CudaStep:
         scripts/gpu_native_step.sh)."""
         twin = NumpyStep(plan, {}, dtype)
         rows = []
-        self.rt.lib.cudaSetDevice(0)
+        self.rt.make_current()
         for launch, (symbol, grid, block, args) in zip(plan, self.calls):
             names = {a for a in launch.args if isinstance(a, str)}
             if launch.kernel == "select_final":
@@ -306,18 +308,27 @@ class CudaStep:
         for symbol, grid, block, args in self.calls:
             self.mod.launch(symbol, grid, block, self.stream, args)
 
+    def capture(self) -> None:
+        """Record the launch list as a CUDA graph (every address is fixed at load; nothing runs)."""
+        self.rt.make_current()
+        self.rt.graph_capture_begin(self.stream)
+        try:
+            self.launch_all()
+        except BaseException:
+            try:                                # end the capture, but report the launch's own error
+                self.rt.graph_capture_end(self.stream)
+            except Exception:
+                pass
+            raise
+        self.exe = self.rt.graph_capture_end(self.stream)
+
     def run(self) -> None:
-        self.rt.lib.cudaSetDevice(0)
+        self.rt.make_current()
         if not self.graph:
             self.launch_all()
         else:
-            if self.exe is None:                # capture on the first step: every address is fixed by then
-                self.rt.graph_capture_begin(self.stream)
-                try:
-                    self.launch_all()
-                finally:
-                    exe = self.rt.graph_capture_end(self.stream)
-                self.exe = exe
+            if self.exe is None:
+                self.capture()
             self.rt.graph_launch(self.exe, self.stream)
         self.rt.stream_sync(self.stream)
 
@@ -367,6 +378,13 @@ class NativeStepSession(GqaSession):
         why = None
         if mode == "auto":
             why = "not on CUDA" if device != "cuda" else cuda_problem(self.dims, art.kv.slots, self.w_dtype)
+            if why is None:
+                try:                             # the compiler is there (compile errors surface at load, below)
+                    from edgeocr.backends import nvrtc
+                    nvrtc._load_nvrtc()
+                except BackendError as e:
+                    why = str(e)
+        self._native_graph = cuda_graph is not False and os.environ.get("EDGEOCR_NATIVE_GRAPH", "1") != "0"
         self.engine = ("native-cuda" if mode == "auto" and why is None else
                        "native-numpy" if mode == "numpy" else "onnxruntime")
         if mode == "auto" and why and device == "cuda":
@@ -402,8 +420,14 @@ class NativeStepSession(GqaSession):
         del raw, host
         self.native_bytes = sum(b.nbytes for b in self.weights.values())
         self._native = None
-        if self.engine != "onnxruntime":
+        if self.engine == "native-numpy":
             self._build_native()
+        elif self.engine == "native-cuda":
+            try:
+                self._build_native()
+            except BackendError as e:            # a compiler or driver that cannot build or load the kernels
+                log.warning("native decode step not used (%s): ONNX Runtime runs the step, without a CUDA graph", e)
+                self.engine, self._native = "onnxruntime", None
 
     def _weight_binds(self, b) -> None:
         for name, (tensor, row, shape) in self.art.decoder.native_step["inputs"].items():
@@ -441,8 +465,10 @@ class NativeStepSession(GqaSession):
         bufs = self._step_buffers()
         self._native = CudaStep(step_plan(d, self.slots, sms), {k: b.ptr for k, b in bufs.items()},
                                 {"SLOTS": self.slots, "HEAD_DIM": d.head_dim, "GROUP": d.nq // d.kvh},
-                                graph=os.environ.get("EDGEOCR_NATIVE_GRAPH", "1") != "0")
+                                graph=self._native_graph)
         self._native_bufs = bufs
+        if self._native.graph:
+            self._native.capture()               # at load, before any worker thread exists
 
     # ------------------------------------------------------------ the step
     def _run_step(self) -> None:

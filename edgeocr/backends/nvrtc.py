@@ -20,14 +20,28 @@ KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 HEADERS = ("half.cuh", "decode_gemv.cu", "decode_attention.cu", "decode_step.cu")
 
 
+def driver_version() -> int:
+    """The CUDA version the driver supports (12020 = 12.2); 0 without a driver."""
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    v = ctypes.c_int()
+    return v.value if cu.cuDriverGetVersion(ctypes.byref(v)) == 0 else 0
+
+
 def _nvrtc_candidates() -> list[str]:
+    # a cubin from an NVRTC newer than the driver does not load: CUDA 13's only on a CUDA 13 driver
+    drv = driver_version()
+    new_ok = drv == 0 or drv >= 13000
+    pats = (["nvidia/cu13/lib/libnvrtc.so*"] if new_ok else []) + ["nvidia/cuda_nvrtc/lib/libnvrtc.so*",
+                                                                    "nvidia/cu12/lib/libnvrtc.so*"]
     names = []
     for base in sys.path:
-        for pat in ("nvidia/cu13/lib/libnvrtc.so*", "nvidia/cuda_nvrtc/lib/libnvrtc.so*",
-                    "nvidia/cu12/lib/libnvrtc.so*"):
+        for pat in pats:
             names += sorted(glob.glob(os.path.join(base, pat)))
     found = ctypes.util.find_library("nvrtc")
-    names += ([found] if found else []) + ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
+    names += ([found] if found else []) + (["libnvrtc.so.13"] if new_ok else []) + ["libnvrtc.so.12", "libnvrtc.so"]
     names += sorted(glob.glob("/usr/local/cuda*/lib64/libnvrtc.so*"))
     # libnvrtc-builtins and the alt variants are not the compiler
     return [n for n in names if "builtins" not in os.path.basename(n) and "alt" not in os.path.basename(n)]
@@ -87,7 +101,11 @@ class Module:
         self.cu.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [
             ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         mod = ctypes.c_void_p()
-        self._check(self.cu.cuModuleLoadData(ctypes.byref(mod), cubin), "cuModuleLoadData")
+        rc = self.cu.cuModuleLoadData(ctypes.byref(mod), cubin)
+        if rc:
+            raise BackendError(f"the CUDA driver could not load the compiled kernels (cuModuleLoadData error {rc}; "
+                               f"driver supports CUDA {driver_version() / 1000:g}: an NVRTC newer than the driver "
+                               "compiles code it cannot load)")
         self.mod, self.fns = mod, {}
         for n in names:
             fn = ctypes.c_void_p()
