@@ -252,3 +252,21 @@ def test_the_kernel_check_compares_each_launch_with_its_twin(arts, monkeypatch):
     # norm (x, xn); lm_head; selection
     assert len(rows) == 1 + 2 + s.dims.layers * (1 + 3 + 1 + 1 + 2 + 1 + 1 + 2) + 1 + 1
     assert all(r.get("mismatches", 0) == 0 and r.get("max_rel_err", 0) == 0 for r in rows), rows
+
+
+def test_fp16_twins_match_the_exported_graphs_reference(tmp_path):
+    """scripts/gpu_native_step_torch.py --cpu: the launch list's numpy twins with FP16 buffers against the exported
+    graph's own computation (quantize/torch_model.py's Decoder + DeviceSelect, FP16 in torch) on random weights and
+    a cache 100 rows deep: logits within FP16 rounding, the same tokens, the same cache rows."""
+    import importlib.util
+    import json
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_native_step_torch.py"
+    spec = importlib.util.spec_from_file_location("gpu_native_step_torch", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--cpu", "--slots", "1", "3", "--json", str(tmp_path / "r.json")]) == 0
+    runs = json.loads((tmp_path / "r.json").read_text())["runs"]
+    assert [r["slots"] for r in runs] == [1, 3]
+    for r in runs:
+        assert r["tokens_agree"] and r["logits_max_rel_err"] < 3e-3 and r["kv_max_rel_err"] < 3e-3, r
