@@ -148,6 +148,13 @@ def test_command_line_writes_a_loadable_folder(tmp_path):
         assert Image.open(s.path).size == (rec["width"], rec["height"])
         assert json.loads(rec["targets"]["spotting_json"])[0]["text"] == rec["lines"][0]["text"]
     assert main(["htmldocs", str(tmp_path / "x"), "--count", "1", "--kinds", "nope"]) == 2
+    # WebP: the same page, fewer bytes, the same labels
+    assert main(["htmldocs", str(tmp_path / "webp"), "--count", "1", "--seed", "5", "--kinds", "invoice,reading",
+                 "--image-format", "webp", "--quality", "30"]) == 0
+    (w,) = load_dir(tmp_path / "webp")
+    assert w.name == "000000.webp" and Image.open(w.path).format == "WEBP"
+    assert w.label["lines"] == samples[0].label["lines"]
+    assert Image.open(w.path).size == Image.open(samples[0].path).size
 
 
 def test_missing_chromium_is_a_clear_error(tmp_path, monkeypatch, capsys):

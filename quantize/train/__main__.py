@@ -31,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--pool-pages", type=int, default=d.pool_pages, help=f"generated pages (default {d.pool_pages})")
     ap.add_argument("--pages", type=Path, action="append", default=[],
-                    help="also a folder of labelled pages (NNNNNN.jpg + labels.jsonl, calibration_data format); "
+                    help="also a folder of labelled pages (images + labels.jsonl, calibration_data format); "
                     "repeatable")
     ap.add_argument("--data-seed", type=int, default=d.data_seed)
     ap.add_argument("--reading-frac", type=float, default=d.reading_frac,
