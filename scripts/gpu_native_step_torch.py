@@ -118,6 +118,8 @@ def run(args, sz: dict, slots: int, torch, dev) -> dict:
     cos = torch.from_numpy(cos_t[pos][:, None]).to(dev)
     sin = torch.from_numpy(sin_t[pos][:, None]).to(dev)
     seen = (torch.rand(slots, V, generator=gen, device=dev) < 0.01).float()
+    seen_ref = seen.clone()
+    seen_ref[torch.arange(slots, device=dev), ids[:, 0]] = 1.0      # the incoming token joins the seen set
     penalty = torch.full((slots,), 1.08, device=dev)
     lens = torch.from_numpy(pos.astype(np.int32)).to(dev)
     kv = []
@@ -126,7 +128,7 @@ def run(args, sz: dict, slots: int, torch, dev) -> dict:
         c[:, :, :depth] = torch.randn(slots, sz["kvh"], depth, d, generator=gen, device=dev).half()
         kv.append(c)
     with torch.no_grad():
-        out = ref(ids, torch.zeros(1, H, device=dev, dtype=torch.float16), cos, sin, seen, penalty, lens,
+        out = ref(ids, torch.zeros(1, H, device=dev, dtype=torch.float16), cos, sin, seen_ref, penalty, lens,
                   torch.tensor(cache_len, dtype=torch.int32), *kv)
     ref_logits, ref_next, ref_kv = out[0].float(), out[1], out[2:]
     build_s = time.perf_counter() - t0
@@ -134,16 +136,21 @@ def run(args, sz: dict, slots: int, torch, dev) -> dict:
     # the native step over torch buffers
     nt = native_tensors(w, L)
     bufs = {f"w.{k}": TorchBuf(torch.from_numpy(v).to(dev)) for k, v in nt.items()}
-    bufs.update({"ids": TorchBuf(ids.clone()), "cos": TorchBuf(cos.clone()), "sin": TorchBuf(sin.clone()),
-                 "lens": TorchBuf(lens.clone()), "seen": TorchBuf(seen.clone()), "penalty": TorchBuf(penalty.clone()),
-                 "logits": TorchBuf(torch.zeros(slots, V, device=dev)),
-                 "next": TorchBuf(torch.zeros(slots, dtype=torch.int64, device=dev))})
+    # the device state the runtime's step starts from: the incoming tokens in `next`, every slot live at its row;
+    # ids, cos and sin are filled by the step itself (step_begin)
+    bufs.update({"ids": TorchBuf(torch.zeros_like(ids)), "cos": TorchBuf(torch.zeros_like(cos)),
+                 "sin": TorchBuf(torch.zeros_like(sin)), "lens": TorchBuf(lens.clone()),
+                 "seen": TorchBuf(seen.clone()), "penalty": TorchBuf(penalty.clone()),
+                 "logits": TorchBuf(torch.zeros(slots, V, device=dev)), "next": TorchBuf(ids[:, 0].clone()),
+                 "live": TorchBuf(torch.ones(slots, dtype=torch.int32, device=dev)),
+                 "table_cos": TorchBuf(torch.from_numpy(cos_t).to(dev)),
+                 "table_sin": TorchBuf(torch.from_numpy(sin_t).to(dev))})
     for i in range(L):
         bufs[f"k.{i}"], bufs[f"v.{i}"] = TorchBuf(kv[i].clone()), TorchBuf(kv[L + i].clone())
     for name, (shape, dtype) in ns.scratch_shapes(dims, slots, np.float16).items():
         bufs[name] = TorchBuf(torch.zeros(shape, device=dev, dtype=getattr(torch, np.dtype(dtype).name)))
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
-    plan = ns.step_plan(dims, slots, sms)
+    plan = ns.step_plan(dims, slots, sms, state=True)
     res = {"slots": slots, "depth": depth, "kernels_per_step": len(plan), "build_s": round(build_s, 1)}
     if dev.type == "cuda":
         step = ns.CudaStep(plan, {k: b.ptr for k, b in bufs.items()},
@@ -155,7 +162,9 @@ def run(args, sz: dict, slots: int, torch, dev) -> dict:
         step.run()
     got = bufs["logits"].t.float()
     scale = float(ref_logits.abs().max())
-    res.update(logits_max_rel_err=float((got - ref_logits).abs().max()) / scale,
+    res.update(rows_advanced=bool((bufs["lens"].t.cpu().numpy() == pos + 1).all()),
+               seen_marked=bool(torch.equal(bufs["seen"].t, seen_ref)),
+               logits_max_rel_err=float((got - ref_logits).abs().max()) / scale,
                tokens_agree=bool((bufs["next"].t == ref_next).all()),
                tokens=[int(x) for x in bufs["next"].t.tolist()], ref_tokens=[int(x) for x in ref_next.tolist()])
     kv_err = 0.0
@@ -216,8 +225,8 @@ def main(argv=None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))
-    bad = [r for r in out["runs"]
-           if not r["tokens_agree"] or r["logits_max_rel_err"] > 2e-2 or r.get("kernel_check_bad")]
+    bad = [r for r in out["runs"] if not (r["tokens_agree"] and r["rows_advanced"] and r["seen_marked"])
+           or r["logits_max_rel_err"] > 2e-2 or r.get("kernel_check_bad")]
     return 1 if bad else 0
 
 

@@ -47,8 +47,8 @@ def _pages(n):
 LENGTHS = [3, 11, 5, 8, 2, 7, 9]
 
 
-def _run(model, pages, lengths=LENGTHS):
-    sched = model.scheduler()
+def _run(model, pages, lengths=LENGTHS, **sched_kw):
+    sched = model.scheduler(**sched_kw)
     reqs = [(i, model.page(p, task="spotting", options=DecodeOptions(max_new_tokens=n, repetition_penalty=1.3)))
             for i, (p, n) in enumerate(zip(pages, lengths))]
     done = {}
@@ -98,8 +98,9 @@ def test_same_tokens_as_onnx_runtimes_step(arts, pair, monkeypatch):
 
 
 def test_step_logits_match_onnx_runtime(arts, monkeypatch):
-    """Three prompts prefilled, then steps with one slot idle for a while: the native step's logits, chosen tokens
-    and KV cache rows equal ONNX Runtime's step within float32 rounding (tiny-b: its own lm_head, GQA 6)."""
+    """Three prompts prefilled, then steps with one slot idle for a while and tokens the device did not choose (each
+    written from the host): the native step's logits, chosen tokens and KV cache rows equal ONNX Runtime's step
+    within float32 rounding (tiny-b: its own lm_head, GQA 6)."""
     from edgeocr.backends.ort import open_ort_session
     monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "numpy")
     nat = open_ort_session(arts["b-native"], read(arts["b-native"]))
@@ -114,10 +115,13 @@ def test_step_logits_match_onnx_runtime(arts, monkeypatch):
         cos, sin = (rng.uniform(-1, 1, (n, d)).astype(np.float32) for _ in range(2))
         firsts = [sel.first(slot, ids, 1.3, cos, sin) for sel in sels]
         assert firsts[0] == firsts[1]
+    from edgeocr import rope
+    r = ref.art.rope
+    table_cos, table_sin = rope.text_table(ref.cache_len, rope.inv_freq(r.head_dim, r.theta, r.alpha))
     for step in range(5):
         live = np.array([True, step not in (1, 2), True])
         tokens = rng.integers(0, vocab, 3)
-        cos, sin = (rng.uniform(-1, 1, (3, d)).astype(np.float32) for _ in range(2))
+        cos, sin = table_cos[pos], table_sin[pos]      # a generated token's rows (the native step gathers them)
         outs = [sel.next(tokens, pos, cos, sin, live, np.zeros(3, np.int64)).copy() for sel in sels]
         logits = [s.mem.read(s.logits, s.h_logits).copy() for s in (ref, nat)]
         np.testing.assert_allclose(logits[1][live], logits[0][live], rtol=1e-4, atol=1e-4)
@@ -178,6 +182,8 @@ def test_the_plan_is_nine_kernels_a_layer(arts):
              eps=1e-5, lm_head="embed")
     plan = step_plan(d, 1, sms=132)
     assert len(plan) == 2 + 9 * 24 + 3 == 221
+    plan = step_plan(d, 1, sms=132, state=True)       # the runtime's: its inputs from the device state
+    assert len(plan) == 222 and plan[0].kernel == "step_begin"
     # every GEMV grid covers its rows: rows per block = 8 warps / KS
     for launch in plan:
         if launch.kernel in ("gemv", "gemvf", "swiglu"):
@@ -196,9 +202,9 @@ def test_the_kernels_compile_for_orin_ada_and_hopper(arch):
         d = Dims(layers=2, hidden=256, inter=512, nq=2 * group, kvh=2, head_dim=head, vocab=1000, cache_len=512,
                  eps=1e-5, lm_head="embed")
         for sms in (16, 132):
-            missing = {launch.symbol for launch in step_plan(d, slots, sms)} - {
-                s for s in {launch.symbol for launch in step_plan(d, slots, sms)} if s.encode() in cubin}
-            assert not missing, missing
+            symbols = {launch.symbol for launch in step_plan(d, slots, sms, state=True)}
+            missing = {s for s in symbols if s.encode() not in cubin}
+            assert not missing and "step_begin" in symbols, missing
 
 
 def test_where_the_cuda_kernels_apply():
@@ -222,8 +228,8 @@ def test_the_kernel_check_compares_each_launch_with_its_twin(arts, monkeypatch):
     m = OCRModel(arts["a-native"])
     _run(m, _pages(3), [4, 6, 5])
     s = m.session
-    plan = ns.step_plan(s.dims, s.slots)
-    bufs = s._step_buffers()
+    plan = ns.step_plan(s.dims, s.slots, state=True)
+    bufs = s._native_bufs
     live = ns.NumpyStep(plan, {k: b.host for k, b in bufs.items()}, s.w_dtype)
     order = iter(plan)
 
@@ -248,9 +254,9 @@ def test_the_kernel_check_compares_each_launch_with_its_twin(arts, monkeypatch):
     rows = step.check(plan, bufs, HostMemory(), s.w_dtype)
     kinds = {r["kernel"] for r in rows}
     assert kinds == set(ns.OUTPUTS), kinds
-    # embedding, first norm (x, xn); a layer: q|k|v, RoPE (q, k, v), attention, o, norm (x, xn), SwiGLU, down,
-    # norm (x, xn); lm_head; selection
-    assert len(rows) == 1 + 2 + s.dims.layers * (1 + 3 + 1 + 1 + 2 + 1 + 1 + 2) + 1 + 1
+    # the state's inputs (seen, ids, cos, sin); embedding, first norm (x, xn); a layer: q|k|v, RoPE (q, k, v),
+    # attention, o, norm (x, xn), SwiGLU, down, norm (x, xn); lm_head; selection (next, rows)
+    assert len(rows) == 4 + 1 + 2 + s.dims.layers * (1 + 3 + 1 + 1 + 2 + 1 + 1 + 2) + 1 + 2
     assert all(r.get("mismatches", 0) == 0 and r.get("max_rel_err", 0) == 0 for r in rows), rows
 
 
@@ -270,3 +276,68 @@ def test_fp16_twins_match_the_exported_graphs_reference(tmp_path):
     assert [r["slots"] for r in runs] == [1, 3]
     for r in runs:
         assert r["tokens_agree"] and r["logits_max_rel_err"] < 3e-3 and r["kv_max_rel_err"] < 3e-3, r
+
+
+def test_a_steady_step_writes_nothing_from_the_host(arts, monkeypatch):
+    """The step takes its state from the device (the last step's tokens, their seen marks, the RoPE table's rows,
+    each slot's row, advanced in the step): counted on the session's memory, a step between admissions and leaves
+    writes nothing from the host, and a step after one writes a few values for that slot only."""
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "numpy")
+    m = OCRModel(arts["b-native"])
+    s = m.session
+    sel = s.selection()
+    assert type(sel).__name__ == "NativeStateSelection"
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner, self.writes = inner, 0
+
+        def write(self, *a, **kw):
+            self.writes += 1
+            return self.inner.write(*a, **kw)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    mem = s.mem = Counting(s.mem)
+    record, last, last_pos = [], np.zeros(s.slots, bool), np.zeros(s.slots, np.int64)
+
+    class Counted:
+        where = sel.where
+
+        def first(self, *a):
+            return sel.first(*a)
+
+        def next(self, tokens, pos, cos, sin, live, out):
+            nonlocal last, last_pos
+            before = mem.writes
+            r = sel.next(tokens, pos, cos, sin, live, out)
+            # a page admitted or gone since the last step: a live flag changed, or a live slot did not move on a row
+            changed = bool((live != last).any() or (live & (pos != last_pos + 1)).any())
+            record.append((mem.writes - before, changed))
+            last, last_pos = live.copy(), pos.copy()
+            return r
+
+    s.selection = lambda: Counted()
+    try:
+        _run(m, _pages(7))
+    finally:
+        s.mem = mem.inner
+        del s.selection
+    quiet = [w for w, changed in record if not changed]
+    assert len(quiet) >= 10 and set(quiet) == {0}, record
+    assert all(w <= 3 * s.slots for w, _ in record), record
+
+
+def test_prefill_beside_and_vision_ahead_give_the_same_tokens(arts, monkeypatch):
+    """Vision on the worker and each prefill on the second decoder session while the native step decodes the other
+    slots (the idle slot being prefilled is given the row just past its prompt, written into the device state):
+    the tokens of ONNX Runtime's step, page by page."""
+    pages = _pages(7)
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
+    ref = _run(OCRModel(arts["b"]), pages)
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "numpy")
+    model = OCRModel(arts["b-native"])
+    sched_kw = dict(vision_ahead=True, prefill_beside=True)
+    assert model.scheduler(**sched_kw).prefill_beside
+    assert _run(model, pages, **sched_kw) == ref

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeocr.artifact import Artifact
-from edgeocr.backends.ort import GqaSession
+from edgeocr.backends.ort import GqaSession, OrtGraphSelection
 from edgeocr.errors import ArtifactError, BackendError
 
 log = logging.getLogger("edgeocr")
@@ -91,9 +91,10 @@ def _ks(n: int, sms: int) -> int:
     return 8
 
 
-def step_plan(d: Dims, slots: int, sms: int = 1) -> list[Launch]:
+def step_plan(d: Dims, slots: int, sms: int = 1, state: bool = False) -> list[Launch]:
     """The decode step of `slots` slots as a launch list (module doc).  sms: the GPU's multiprocessor count (it
-    picks how many warps share a GEMV row; the result does not depend on it)."""
+    picks how many warps share a GEMV row).  state: the step takes its inputs from the device state (step_begin:
+    the last step's tokens, the RoPE table's rows at each slot's row) and advances each live slot's row itself."""
     n = slots
     i_, f_ = (lambda v: ("i", int(v))), (lambda v: ("f", float(v)))
 
@@ -105,8 +106,11 @@ def step_plan(d: Dims, slots: int, sms: int = 1) -> list[Launch]:
     def norm(delta, gamma: str) -> Launch:
         return Launch("add_rmsnorm", "add_rmsnorm", (n,), (256,), ("x", delta, gamma, "xn", i_(d.hidden), f_(d.eps)))
 
-    plan = [Launch("embed_rows", "embed_rows", (n,), (256,), ("ids", "w.embed", "x", i_(d.hidden))),
-            norm(None, "w.layers.0.ln1")]
+    plan = [Launch("step_begin", "step_begin", (n,), (128,), ("next", "live", "lens", "table_cos", "table_sin", "seen",
+                                                               "ids", "cos", "sin", i_(d.vocab), i_(d.head_dim)))] \
+        if state else []
+    plan += [Launch("embed_rows", "embed_rows", (n,), (256,), ("ids", "w.embed", "x", i_(d.hidden))),
+             norm(None, "w.layers.0.ln1")]
     for li in range(d.layers):
         w = f"w.layers.{li}."
         plan += [
@@ -128,7 +132,9 @@ def step_plan(d: Dims, slots: int, sms: int = 1) -> list[Launch]:
     plan += [gemv("gemvf", f"w.{d.lm_head}", "xn", "logits", d.vocab, d.hidden),
              Launch("select_partial", "select_partial", (SELECT_PARTS, n), (256,),
                     ("logits", "seen", "penalty", "sel_val", "sel_idx", i_(d.vocab))),
-             Launch("select_final", "select_final", (n,), (32,), ("sel_val", "sel_idx", "next", i_(SELECT_PARTS)))]
+             Launch("select_final", "select_final", (n,), (32,),
+                    ("sel_val", "sel_idx", "next", i_(SELECT_PARTS), "live" if state else None,
+                     "lens" if state else None))]
     return plan
 
 
@@ -230,16 +236,27 @@ class NumpyStep:
     def k_select_partial(self, L, logits, seen, penalty, val, idx, v):
         pass                                    # the numpy twin selects in one pass (select_final)
 
-    def k_select_final(self, L, val, idx, nxt, parts):
+    def k_select_final(self, L, val, idx, nxt, parts, live, lens):
         logits, seen, p = self.b["logits"], self.b["seen"], self.b["penalty"].reshape(-1, 1)
         adj = np.where(seen > 0, np.where(logits < 0, logits * p, logits / p), logits)
         nxt.reshape(-1)[...] = np.argmax(adj, axis=-1)
+        if live is not None:
+            lens += live
+
+    def k_step_begin(self, L, nxt, live, lens, table_cos, table_sin, seen, ids, cos, sin, v, d):
+        tok = nxt.reshape(-1)
+        ids.reshape(-1)[...] = tok
+        for s_ in np.flatnonzero(live):
+            if 0 <= tok[s_] < v:
+                seen[s_, tok[s_]] = 1.0
+        cos.reshape(len(tok), d)[...] = table_cos[lens]
+        sin.reshape(len(tok), d)[...] = table_sin[lens]
 
 
 # ---------------------------------------------------------------------------------------------- CUDA
 # what each kernel writes (argument positions) that its numpy twin computes too
-OUTPUTS = {"embed_rows": (2,), "add_rmsnorm": (0, 3), "gemv": (2,), "gemvf": (2,), "swiglu": (2,),
-           "rope_qknorm_append": (6, 7, 8), "attn_combine": (3,), "select_final": (2,)}
+OUTPUTS = {"step_begin": (5, 6, 7, 8), "embed_rows": (2,), "add_rmsnorm": (0, 3), "gemv": (2,), "gemvf": (2,),
+           "swiglu": (2,), "rope_qknorm_append": (6, 7, 8), "attn_combine": (3,), "select_final": (2, 5)}
 SOURCE = '#include "decode_gemv.cu"\n#include "decode_attention.cu"\n#include "decode_step.cu"\n'
 
 
@@ -292,6 +309,8 @@ class CudaStep:
             self.rt.stream_sync(self.stream)
             for j in OUTPUTS.get(launch.kernel, ()):
                 name = launch.args[j]
+                if not isinstance(name, str):           # an optional output not given (None)
+                    continue
                 got = mem.read(bufs[name], np.empty(bufs[name].shape, bufs[name].dtype))
                 want = twin.b[name]
                 row = {"kernel": launch.kernel, "symbol": symbol, "output": name}
@@ -444,6 +463,10 @@ class NativeStepSession(GqaSession):
         self._weight_binds(b)
 
     def _step_buffers(self) -> dict:
+        """The launch list's buffers: the session's step buffers (seqlens_k is each slot's row, advanced on the
+        device), the device state's (live flags, the text RoPE table), the weights and the step's scratch."""
+        from edgeocr import rope
+
         bufs = {"ids": self.st_ids, "cos": self.st_cos, "sin": self.st_sin, "lens": self.st_len, "seen": self.seen,
                 "penalty": self.penalty, "logits": self.logits, "next": self.next}
         bufs.update({f"k.{i}": k for i, k in enumerate(self.keys)})
@@ -451,39 +474,112 @@ class NativeStepSession(GqaSession):
         bufs.update({f"w.{name}": b for name, b in self.weights.items()})
         for name, (shape, dtype) in scratch_shapes(self.dims, self.slots, self.w_dtype).items():
             bufs[name] = self.mem.alloc(shape, dtype)
+        r = self.art.rope
+        table_cos, table_sin = rope.text_table(self.cache_len, rope.inv_freq(r.head_dim, r.theta, r.alpha))
+        bufs["live"] = self.mem.alloc((self.slots,), np.int32)
+        for name, table in (("table_cos", table_cos), ("table_sin", table_sin)):
+            bufs[name] = self.mem.alloc(table.shape, np.float32)
+            self.mem.write(bufs[name], table)
+        self.mem.sync()
         return bufs
 
     def _build_native(self) -> None:
-        d = self.dims
+        d, n = self.dims, self.slots
+        # the host's record of the device state (NativeStateSelection): each slot's last token, row, live flag
+        self.h_tok = np.full((n,), -1, np.int64)
+        self.h_pos = np.zeros((n,), np.int64)
+        self.h_live = np.zeros((n,), bool)
+        self.state_writes = 0                    # slots whose state the host wrote (admissions, leaves, resyncs)
         if self.engine == "native-numpy":
             bufs = self._step_buffers()
-            self._native = NumpyStep(step_plan(d, self.slots), {k: b.host for k, b in bufs.items()}, self.w_dtype)
+            self._native = NumpyStep(step_plan(d, n, state=True), {k: b.host for k, b in bufs.items()}, self.w_dtype)
+            self._native_bufs = bufs
             return
         from edgeocr.backends import nvrtc
         _, sms = nvrtc.device_arch()
         self._sms = sms
         bufs = self._step_buffers()
-        self._native = CudaStep(step_plan(d, self.slots, sms), {k: b.ptr for k, b in bufs.items()},
-                                {"SLOTS": self.slots, "HEAD_DIM": d.head_dim, "GROUP": d.nq // d.kvh},
+        self._native = CudaStep(step_plan(d, n, sms, state=True), {k: b.ptr for k, b in bufs.items()},
+                                {"SLOTS": n, "HEAD_DIM": d.head_dim, "GROUP": d.nq // d.kvh},
                                 graph=self._native_graph)
         self._native_bufs = bufs
         if self._native.graph:
             self._native.capture()               # at load, before any worker thread exists
 
     # ------------------------------------------------------------ the step
-    def _run_step(self) -> None:
+    def sync_state(self, tokens: np.ndarray, pos: np.ndarray, live: np.ndarray) -> None:
+        """Make the device state the caller's (the Selection protocol's arguments are the truth): a slot whose
+        record differs is written from them.  Between admissions and leaves a scheduler's steps agree with the
+        record, so a step writes nothing from the host."""
+        live = np.asarray(live, bool)
+        mem, b, wrote = self.mem, self._native_bufs, False
+        for slot in range(self.slots):
+            p = int(pos[slot])
+            if not 0 <= p < self.cache_len:
+                raise IndexError(f"cache position outside [0, {self.cache_len}): slot {slot} at {p}")
+            if live[slot]:
+                t = int(tokens[slot])
+                if self.h_live[slot] and self.h_pos[slot] == p and self.h_tok[slot] == t:
+                    continue
+                mem.write(b["next"], np.asarray([t], np.int64), offset=slot)
+                mem.write(b["lens"], np.asarray([p], np.int32), offset=slot)
+                if not self.h_live[slot]:
+                    mem.write(b["live"], np.ones((1,), np.int32), offset=slot)
+                self.h_live[slot], self.h_pos[slot], self.h_tok[slot] = True, p, t
+            else:
+                if not self.h_live[slot] and self.h_pos[slot] == p:
+                    continue
+                mem.write(b["live"], np.zeros((1,), np.int32), offset=slot)
+                mem.write(b["lens"], np.asarray([p], np.int32), offset=slot)     # an idle slot's row: 0, or just
+                self.h_live[slot], self.h_pos[slot] = False, p                   # past a prompt prefilled beside
+            wrote = True
+            self.state_writes += 1
+        if wrote:
+            mem.sync()                    # landed before the step (on its own stream) reads them
+
+    def _native_step(self) -> None:
+        self._native.run()
+        self.h_pos += self.h_live         # the step advanced each live slot's row (select_final)
+
+    def _step(self, token_ids: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+              live: np.ndarray) -> None:
+        """The Session seam's step: with the native step, its state taken from the arguments (cos/sin are the
+        RoPE table's rows at `pos`, which the device gathers itself)."""
         if self._native is None:
-            super()._run_step()
-        else:
-            self._native.run()
+            return super()._step(token_ids, pos, cos, sin, live)
+        self.sync_state(token_ids, pos, live)
+        self._native_step()
+        self.h_tok[:] = -1                # the host has not read the new tokens
+
+    def selection(self):
+        return NativeStateSelection(self) if self._native is not None else super().selection()
 
     def check_kernels(self) -> list[dict]:
         """The next decode step run kernel by kernel against the numpy twins (CudaStep.check), on whatever the
         step buffers hold now (after a prefill and a step: a page's real state)."""
         if self.engine != "native-cuda":
             raise BackendError(f"check_kernels needs the native CUDA step (this session: {self.engine})")
-        return self._native.check(step_plan(self.dims, self.slots, self._sms), self._native_bufs, self.mem,
-                                  self.w_dtype)
+        rows = self._native.check(step_plan(self.dims, self.slots, self._sms, state=True), self._native_bufs,
+                                  self.mem, self.w_dtype)
+        self.h_pos += self.h_live
+        self.h_tok[:] = -1
+        return rows
 
     def memory_bytes(self) -> dict:
         return {**super().memory_bytes(), "decoder_weights": self.native_bytes}
+
+
+class NativeStateSelection(OrtGraphSelection):
+    """Graph selection over the native step's device state: `first` prefills as OrtGraphSelection does (the
+    prompt's seen row and the penalty written, the first token read back); `next` writes only what the record
+    says the device lacks (a page admitted or gone), runs the step, which takes each slot's incoming token, its
+    seen mark and its RoPE rows on the device and advances its row, and reads back the next tokens."""
+
+    def next(self, tokens: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray, live: np.ndarray,
+             out: np.ndarray) -> np.ndarray:
+        s = self.s
+        s.sync_state(tokens, pos, live)
+        s._native_step()
+        out[:] = s.mem.read(s.next, s.h_next)
+        s.h_tok[:] = out
+        return out

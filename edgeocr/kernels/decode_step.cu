@@ -14,9 +14,13 @@
 //       RMSNorm (qn / kn); queries go to q [N, nq * D], keys and values to row lens[s] of the cache
 //       [N, kvh, cache_len, D]
 //   select_partial(logits, seen, penalty, val, idx, v) grid (PARTS, N), 256 threads
-//   select_final(val, idx, next, parts)                grid (N), 32 threads
+//   select_final(val, idx, next, parts, live, lens)    grid (N), 32 threads
 //       the repetition penalty over the seen ids (logit / p if logit > 0 else logit * p), then the argmax,
-//       first index on ties: next [N] int64
+//       first index on ties: next [N] int64; then, when live is given, lens[s] += live[s] (the next step's row)
+//   step_begin(next, live, lens, table_cos, table_sin, seen, ids, cos, sin, v, d)
+//                                                      grid (N), 128 threads
+//       the step's inputs from the device state: each slot's incoming token is the last step's choice (ids; a
+//       live slot's joins its seen set), its RoPE rows the text table's rows at lens[s]
 
 #include "half.cuh"
 
@@ -133,7 +137,8 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 extern "C" __global__ void __launch_bounds__(32)
-    select_final(const float* __restrict__ val, const int* __restrict__ idx, long long* __restrict__ next, int parts) {
+    select_final(const float* __restrict__ val, const int* __restrict__ idx, long long* __restrict__ next, int parts,
+                 const int* __restrict__ live, int* __restrict__ lens) {
   const int s = blockIdx.x, lane = threadIdx.x;
   float best = __int_as_float(0xff800000u);
   int bi = 0x7fffffff;
@@ -144,5 +149,25 @@ extern "C" __global__ void __launch_bounds__(32)
     const int i2 = __shfl_xor_sync(0xffffffffu, bi, off);
     better(best, bi, v2, i2);
   }
-  if (lane == 0) next[s] = bi == 0x7fffffff ? 0 : bi;   // every logit NaN: token 0, not an id past the vocabulary
+  if (lane == 0) {
+    next[s] = bi == 0x7fffffff ? 0 : bi;   // every logit NaN: token 0, not an id past the vocabulary
+    if (live != nullptr) lens[s] += live[s];
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    step_begin(const long long* __restrict__ next, const int* __restrict__ live, const int* __restrict__ lens,
+               const float* __restrict__ table_cos, const float* __restrict__ table_sin, float* __restrict__ seen,
+               long long* __restrict__ ids, float* __restrict__ cos, float* __restrict__ sin, int v, int d) {
+  const int s = blockIdx.x;
+  const long long tok = next[s];
+  const size_t row = (size_t)lens[s] * d;
+  if (threadIdx.x == 0) {
+    ids[s] = tok;
+    if (live[s] && tok >= 0 && tok < v) seen[(size_t)s * v + tok] = 1.f;
+  }
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    cos[(size_t)s * d + j] = table_cos[row + j];
+    sin[(size_t)s * d + j] = table_sin[row + j];
+  }
 }
