@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                         "decoder weights in the layout of edgeocr's own CUDA decode step, read by the graph as inputs")
     ns.add_argument("artifact", type=Path, help="the FP16 (or FP32) artifact directory to read, fused or not")
     ns.add_argument("out", type=Path, help="artifact directory to write (not ARTIFACT)")
+    ns.add_argument("--weights", choices=["float", "int8"], default="float",
+                    help="int8: the layers' projections as 8-bit blocks of 32 (half the bytes a decode step reads)")
     rs = sub.add_parser("reslot", help="artifact -> the same graphs with another slot count (the decoder takes "
                         "any batch; ONNX Runtime flavours; TensorRT engines must be rebuilt)")
     rs.add_argument("artifact", type=Path, help="the artifact directory to read")
@@ -215,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             _print_sizes(step_state_artifact(args.artifact, args.out, progress=_progress), args.out)
         elif args.cmd == "native-step":
             from quantize.native_step import native_step_artifact
-            _print_sizes(native_step_artifact(args.artifact, args.out, progress=_progress), args.out)
+            _print_sizes(native_step_artifact(args.artifact, args.out, progress=_progress, weights=args.weights),
+                         args.out)
         elif args.cmd == "tiny":
             from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
             tc = {"tiny-a": TINY_A, "tiny-b": TINY_B}[args.config]

@@ -17,6 +17,11 @@ the weights are not held twice (on disk and on the device), this pass moves them
                              runtime binds them to its copy of decoder_step.bin for the prefill, which stays on
                              ONNX Runtime (GEMMs), and for the ONNX Runtime step (EDGEOCR_NATIVE_STEP=0)
 
+With `--weights int8` the layers' projections are stored as 8-bit blocks of 32 along their input (a weight is
+(q - 128) * scale, one FP16/FP32 scale a block): ONNX Runtime's MatMulNBits layout, so the graph reads the same
+bytes through MatMulNBits(x, W, W.scales) and the native step through its 8-bit GEMVs; a step reads half the
+bytes.  The embedding, the norms and the lm_head stay in the artifact's precision.
+
 The manifest's `graphs.decoder.native_step` indexes the file ({"tensors": name -> offset, shape}) and maps each
 graph input to its tensor and first row ({"inputs": name -> [tensor, row, shape]}).  Weights are found by the
 decoder's own names (decoder.layers.N.ln1, ...) and, for the projections, by their order in the graph (q|k|v, o,
@@ -43,6 +48,9 @@ NATIVE_STEP_VERSION = 1
 WEIGHTS_FILE = "decoder_step.bin"
 ALIGN = 256                                   # bytes: every tensor starts on a 256-byte boundary
 INPUT_PREFIX = "native."
+BLOCK = 32                                    # 8-bit weights: values per scale, along the reduction
+SCALES = ".scales"                            # an 8-bit tensor's scales: the tensor's name + this
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
 def _shape(t) -> list[int]:
@@ -131,19 +139,24 @@ def find_weights(model, text: dict) -> tuple[dict[str, np.ndarray], dict[str, tu
     return tensors, inputs, rewrites
 
 
-def rewire(model, inputs: dict[str, tuple[str, int, list[int]]], rewrites: list) -> dict[str, int]:
-    """The weight MatMuls -> FusedMatMul(x, input, transB=1); the embedding and lm_head initializers -> inputs of
-    the same tensors; every initializer no node reads any more is dropped."""
-    from onnx import TensorProto, helper
+def rewire(model, inputs: dict[str, tuple[str, int, list[int]]], rewrites: list, tensors: dict[str, np.ndarray],
+           bits: int | None = None) -> dict[str, int]:
+    """The weight MatMuls -> FusedMatMul(x, input, transB=1), or with 8-bit weights MatMulNBits(x, input,
+    input.scales) over the same bytes; the embedding and lm_head initializers -> inputs of the same tensors; every
+    initializer no node reads any more is dropped."""
+    from onnx import helper
 
     g = model.graph
-    inits = {i.name: i for i in g.initializer}
-    dtype = next(iter(inits[w] for _, w, _ in rewrites)).data_type if rewrites else TensorProto.FLOAT
     for node, _, name in rewrites:
         a, out, nm = node.input[0], node.output[0], node.name
         node.Clear()
-        node.CopyFrom(helper.make_node("FusedMatMul", [a, name], [out], name=nm + "_native", domain="com.microsoft",
-                                       transA=0, transB=1, alpha=1.0))
+        if bits:
+            n, kb, blk = inputs[name][2]
+            node.CopyFrom(helper.make_node("MatMulNBits", [a, name, name + SCALES], [out], name=nm + "_native",
+                                           domain="com.microsoft", K=kb * blk, N=n, bits=bits, block_size=blk))
+        else:
+            node.CopyFrom(helper.make_node("FusedMatMul", [a, name], [out], name=nm + "_native",
+                                           domain="com.microsoft", transA=0, transB=1, alpha=1.0))
     renamed = {"decoder.embed": INPUT_PREFIX + "embed", "decoder.lm_head": INPUT_PREFIX + "lm_head"}
     for n in g.node:
         for j, x in enumerate(n.input):
@@ -162,15 +175,45 @@ def rewire(model, inputs: dict[str, tuple[str, int, list[int]]], rewrites: list)
     del g.initializer[:]
     g.initializer.extend(keep)
     have = {i.name for i in g.input}
-    for name, (_, _, shape) in inputs.items():
+    for name, (tensor, _, shape) in inputs.items():
         if name in used and name not in have:
-            g.input.append(helper.make_tensor_value_info(name, dtype, shape))
+            elem = helper.np_dtype_to_tensor_dtype(tensors[tensor].dtype)
+            g.input.append(helper.make_tensor_value_info(name, elem, shape))
     unused = sorted(n for n in inputs if n not in used)
     for n in unused:
         del inputs[n]
     if not any(op.domain == "com.microsoft" for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return {"fused_matmuls": len(rewrites), "initializers_dropped": dropped, "weight_inputs": len(inputs)}
+    return {("matmul_nbits" if bits else "fused_matmuls"): len(rewrites), "initializers_dropped": dropped,
+            "weight_inputs": len(inputs)}
+
+
+def quantize_rows(a: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """[n, k] -> (q [n, k] uint8, scales [n, k / block] in a's dtype): symmetric 8-bit blocks along k, stored with
+    ONNX Runtime MatMulNBits' default zero point (a weight is (q - 128) * scale); the scale is rounded to a's
+    dtype before the weights are divided by it."""
+    n, k = a.shape
+    if k % block:
+        raise ValueError(f"8-bit weights need the reduction size {k} to be a multiple of {block}")
+    blocks = a.astype(np.float32).reshape(n, k // block, block)
+    scales = (np.abs(blocks).max(-1) / 127.0).astype(a.dtype)
+    s32 = scales.astype(np.float32)
+    safe = np.where(s32 > 0, s32, 1.0)[..., None]
+    q = np.clip(np.rint(blocks / safe), -127, 127).astype(np.int16) + 128
+    return q.astype(np.uint8).reshape(n, k), scales
+
+
+def quantize_projections(tensors: dict[str, np.ndarray], inputs: dict, block: int = BLOCK) -> None:
+    """The layers' projections (q|k|v, o, gate|up, down) as 8-bit blocks, in place: each tensor T becomes uint8 with
+    its scales in T.scales; each graph input that read T reads its rows as MatMulNBits' B [n, k / block, block],
+    and a second input its scales [n * k / block]."""
+    for name in [t for t in tensors if t.rsplit(".", 1)[-1] in PROJECTIONS]:
+        tensors[name], tensors[name + SCALES] = quantize_rows(tensors[name], block)
+    for name, (tensor, row, shape) in list(inputs.items()):
+        if tensor.rsplit(".", 1)[-1] in PROJECTIONS:
+            n, k = shape
+            inputs[name] = (tensor, row, [n, k // block, block])
+            inputs[name + SCALES] = (tensor + SCALES, row, [n * (k // block)])
 
 
 def write_weights(path: Path, tensors: dict[str, np.ndarray]) -> dict[str, dict]:
@@ -181,15 +224,19 @@ def write_weights(path: Path, tensors: dict[str, np.ndarray]) -> dict[str, dict]
             pad = (-off) % ALIGN
             f.write(b"\0" * pad)
             off += pad
-            index[name] = {"offset": off, "shape": list(a.shape)}
+            index[name] = {"offset": off, "shape": list(a.shape), "dtype": a.dtype.name}
             f.write(np.ascontiguousarray(a).tobytes())
             off += a.nbytes
     return index
 
 
-def native_step_artifact(src: Path, out: Path, progress=None) -> af.Artifact:
+def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "float") -> af.Artifact:
     """ARTIFACT -> OUT with the decoder's weights in decoder_step.bin and read by the graph as inputs (module
-    doc).  The vision graph and the tokenizer are copied."""
+    doc).  weights "int8": the layers' projections as 8-bit blocks (MatMulNBits' layout, read by the native step's
+    8-bit kernels and by the graph); the embedding, the norms and the lm_head stay in the artifact's precision.  The
+    vision graph and the tokenizer are copied."""
+    if weights not in ("float", "int8"):
+        raise ValueError(f"weights must be 'float' or 'int8', not {weights!r}")
     from quantize.export import _file_table, _io, copy_unwritten
     from quantize.fuse import load_graph, op_counts, save_graph
 
@@ -207,6 +254,14 @@ def native_step_artifact(src: Path, out: Path, progress=None) -> af.Artifact:
         raise ValueError(f"{src} already has its native decode step's weights")
     if out.resolve() == src.resolve():
         raise ValueError("OUT must differ from ARTIFACT")
+    t = m.model["text"]
+    widths = {"hidden": t["hidden_size"], "attention": t["num_heads"] * t["head_dim"],
+              "intermediate": t["intermediate_size"]}
+    odd = {k: v for k, v in widths.items() if v % BLOCK}
+    if weights == "int8" and odd:
+        what = ", ".join(f"{k} width {v}" for k, v in odd.items())
+        raise ValueError(f"{src}: 8-bit weights take blocks of {BLOCK} along each projection's input, and this "
+                         f"decoder's {what} is not a multiple of {BLOCK}")
     out.mkdir(parents=True, exist_ok=True)
     model = load_graph(src / m.decoder.file)
     before = op_counts(model)
@@ -214,11 +269,15 @@ def native_step_artifact(src: Path, out: Path, progress=None) -> af.Artifact:
     dtypes = {a.dtype for a in tensors.values()}
     if len(dtypes) != 1 or next(iter(dtypes)) not in (np.float16, np.float32):
         raise ValueError(f"the decoder's weights must all be float16 or all float32, not {sorted(map(str, dtypes))}")
-    done = rewire(model, inputs, rewrites)
+    act = next(iter(dtypes))
+    if weights == "int8":
+        quantize_projections(tensors, inputs)
+    done = rewire(model, inputs, rewrites, tensors, bits=8 if weights == "int8" else None)
     save_graph(model, out / m.decoder.file)
     index = write_weights(out / WEIGHTS_FILE, tensors)
     copy_unwritten(src, out, m.files, {m.decoder.file, m.decoder.file + ".data"})
-    spec = {"version": NATIVE_STEP_VERSION, "file": WEIGHTS_FILE, "dtype": str(next(iter(dtypes))),
+    spec = {"version": NATIVE_STEP_VERSION, "file": WEIGHTS_FILE, "dtype": str(act), "weights": weights,
+            "block": BLOCK if weights == "int8" else None,
             "tensors": index, "inputs": {k: [t, r, s] for k, (t, r, s) in inputs.items()}}
     report = {"version": NATIVE_STEP_VERSION, **done, "ops_before": before, "ops_after": op_counts(model),
               "seconds": round(time.perf_counter() - t0, 1)}
@@ -237,10 +296,12 @@ def main(argv=None) -> int:
     ap.add_argument("artifact", type=Path, help="FP16 or FP32 artifact exported with --attention gqa "
                                                 "--select-on-device, fused or not")
     ap.add_argument("out", type=Path, help="artifact directory to write (not ARTIFACT)")
+    ap.add_argument("--weights", choices=["float", "int8"], default="float",
+                    help="int8: the layers' projections as 8-bit blocks of 32 (half the bytes a step reads)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        native_step_artifact(a.artifact, a.out)
+        native_step_artifact(a.artifact, a.out, weights=a.weights)
     except (ValueError, EdgeOCRError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

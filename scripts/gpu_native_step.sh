@@ -2,10 +2,10 @@
 # The native decode step on a GPU, in one call of at most 9 minutes (an H200 with CUDA torch and the ONNX Runtime
 # GPU wheels importable; SITE=/tmp/site is put first on PYTHONPATH if it exists):
 #   1. the real-size architecture on random weights, exported FP16 (gqa + selection in the graph, 4,096-token
-#      cache), fused for CUDA, then `quantize native-step` of the fused artifact
+#      cache), fused for CUDA, then `quantize native-step` of the fused artifact, with FP16 and 8-bit weights
 #   2. every kernel of one decode step against its numpy twin, on a page's real state (check.json)
-#   3. `edgeocr bench` of the native-step artifact with the native step and with ONNX Runtime's step
-#      (EDGEOCR_NATIVE_STEP=1 / 0: the same weights, the same prefill), and of the fused artifact it was made from
+#   3. `edgeocr bench` of both native-step artifacts with the native step and with ONNX Runtime's step
+#      (EDGEOCR_NATIVE_STEP=1 / 0: the same weights, the same prefill), and of the fused artifact they were made from
 #   4. the kernels of a decode step (gpu_profile.py) and device memory after two pages (gpu_perf.py memory)
 #   5. tokens of the native step against ONNX Runtime's on two eval pages (64 tokens, past the end token)
 #   6. as time allows: the decode-kernel microbenchmark against cuBLAS and SDPA (gpu_decode_kernels.py)
@@ -53,9 +53,10 @@ else
 fi
 [ -f $W/export/manifest.json ] || step export $PY -m quantize export $CKPT $W/export --precision $PRECISION \
   --attention gqa --select-on-device $EXPORT_ARGS
-rm -rf $W/fused $W/native
+rm -rf $W/fused $W/native $W/native8
 step fuse $PY -m quantize fuse $W/export $W/fused --target $TARGET
 step native $PY -m quantize native-step $W/fused $W/native
+step native8 $PY -m quantize native-step $W/fused $W/native8 --weights int8
 
 # 2. each kernel against its numpy twin, after a page's prefill and 16 steps
 step check env EDGEOCR_NATIVE_STEP=$NATIVE $PY - "$R/check.json" $W/native $DEV "$IMG" <<'EOF'
@@ -93,10 +94,12 @@ EOF
 bench native $W/native $NATIVE
 bench native_ort_step $W/native 0
 bench fused $W/fused 0
+bench native8 $W/native8 $NATIVE
+bench native8_ort_step $W/native8 0
 
 # 4. kernels per decode step, device memory
 if [ $MODE = gpu ]; then
-  for n in native:$NATIVE fused:0; do
+  for n in native:$NATIVE native8:$NATIVE fused:0; do
     name=${n%%:*} native=${n##*:}; art=$W/$name
     step profile_$name env EDGEOCR_NATIVE_STEP=$native $PY scripts/gpu_profile.py $art --device cuda --cuda-graph \
       --label $name --json "$R/profile_$name.json" && $PY -c "
@@ -107,8 +110,10 @@ for s in d['stages']:
     for k in s['top']: print(f\"   {k['ms']:8.3f} ms {k['count']:6.1f}x  {k['kernel'][:110]}\")
 print()" >> "$OUT/profile.txt"
   done
-  step memory_native env EDGEOCR_NATIVE_STEP=1 $PY scripts/gpu_perf.py memory $W/native --config runtime --device cuda \
-    --tokens $TOKENS --image "$IMG" --json "$R/memory_native_runtime.json"
+  for art in native native8; do
+    step memory_$art env EDGEOCR_NATIVE_STEP=1 $PY scripts/gpu_perf.py memory $W/$art --config runtime --device cuda \
+      --tokens $TOKENS --image "$IMG" --json "$R/memory_${art}_runtime.json"
+  done
 fi
 
 # 5. tokens: native step against ONNX Runtime's, same artifact
@@ -141,7 +146,7 @@ import glob, json, os, sys
 r, out = sys.argv[1:]
 summary = {os.path.basename(f)[:-5]: json.load(open(f)) for f in sorted(glob.glob(os.path.join(r, "*.json")))}
 json.dump(summary, open(out, "w"), indent=1)
-for k in ("bench_native", "bench_native_ort_step", "bench_fused"):
+for k in ("bench_native", "bench_native_ort_step", "bench_fused", "bench_native8", "bench_native8_ort_step"):
     e = summary.get(k, {}).get("edgeocr")
     if e:
         print(f"{k}: decode {e['decode_ms_per_token']:.3f} ms/token, first token {e['first_token_ms']:.1f} ms, "

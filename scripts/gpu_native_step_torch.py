@@ -1,6 +1,7 @@
 """The native decode step on a GPU with nothing but CUDA torch: no ONNX Runtime, no artifact, no wheels to stage.
 
     python scripts/gpu_native_step_torch.py --json OUT.json            on a CUDA machine (about 1-2 min)
+    python scripts/gpu_native_step_torch.py --weights int8 ...         the projections as 8-bit blocks
     python scripts/gpu_native_step_torch.py --cpu --json OUT.json      tiny sizes on the CPU: the numpy twins
                                                                        instead of the CUDA kernels (checks this
                                                                        script, and the twins' FP16 rounding
@@ -103,6 +104,23 @@ def run(args, sz: dict, slots: int, torch, dev) -> dict:
     cache_len, depth = args.cache_len, args.depth
     t0 = time.perf_counter()
     w = weights(sz, gen, torch, dev)
+    nt = native_tensors(w, L)
+    if args.weights == "int8":           # 8-bit blocks; the reference gets the weights they stand for
+        from quantize.native_step import PROJECTIONS, SCALES, quantize_rows
+        for name in [t for t in nt if t.rsplit(".", 1)[-1] in PROJECTIONS]:
+            nt[name], nt[name + SCALES] = quantize_rows(nt[name])
+        deq = {k: ns.NumpyStep.deq(nt[k], nt[k + SCALES]).astype(np.float16) for k in nt
+               if k.rsplit(".", 1)[-1] in PROJECTIONS}
+        nq_d, kv_d, inter = sz["nq"] * d, sz["kvh"] * d, sz["inter"]
+        for i in range(L):
+            p, q = f"model.layers.{i}.", f"layers.{i}."
+            qkv = deq[q + "qkv"]
+            w[p + "self_attn.q_proj.weight"], w[p + "self_attn.k_proj.weight"], w[p + "self_attn.v_proj.weight"] = (
+                qkv[:nq_d], qkv[nq_d:nq_d + kv_d], qkv[nq_d + kv_d:])
+            w[p + "self_attn.o_proj.weight"] = deq[q + "o"]
+            gate_up = deq[q + "gate_up"]
+            w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"] = gate_up[:inter], gate_up[inter:]
+            w[p + "mlp.down_proj.weight"] = deq[q + "down"]
     text = TextSpec(vocab_size=V, hidden_size=H, intermediate_size=sz["inter"], num_layers=L, num_heads=sz["nq"],
                     num_kv_heads=sz["kvh"], head_dim=d, rms_norm_eps=1e-5, rope_theta=10000.0, rope_alpha=1000.0,
                     rope_sections=(d // 8,) * 4, tie_word_embeddings=True, max_position_embeddings=cache_len)
@@ -110,7 +128,7 @@ def run(args, sz: dict, slots: int, torch, dev) -> dict:
     ref = DeviceSelect(Decoder(SimpleNamespace(text=text, tokens=SimpleNamespace(image=image_id)), w, cache_len,
                                dtype=torch.float16, attention="gqa")).to(dev).eval()
     dims = ns.Dims(layers=L, hidden=H, inter=sz["inter"], nq=sz["nq"], kvh=sz["kvh"], head_dim=d, vocab=V,
-                   cache_len=cache_len, eps=1e-5, lm_head="embed")
+                   cache_len=cache_len, eps=1e-5, lm_head="embed", q8=args.weights == "int8")
     # the step's inputs: each slot's incoming token at row `depth` (a little different per slot)
     pos = np.array([depth - 3 * s for s in range(slots)], np.int64)
     ids = torch.randint(0, V - 1, (slots, 1), generator=gen, device=dev)
@@ -134,7 +152,6 @@ def run(args, sz: dict, slots: int, torch, dev) -> dict:
     build_s = time.perf_counter() - t0
 
     # the native step over torch buffers
-    nt = native_tensors(w, L)
     bufs = {f"w.{k}": TorchBuf(torch.from_numpy(v).to(dev)) for k, v in nt.items()}
     # the device state the runtime's step starts from: the incoming tokens in `next`, every slot live at its row;
     # ids, cos and sin are filled by the step itself (step_begin)
@@ -151,7 +168,8 @@ def run(args, sz: dict, slots: int, torch, dev) -> dict:
         bufs[name] = TorchBuf(torch.zeros(shape, device=dev, dtype=getattr(torch, np.dtype(dtype).name)))
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
     plan = ns.step_plan(dims, slots, sms, state=True)
-    res = {"slots": slots, "depth": depth, "kernels_per_step": len(plan), "build_s": round(build_s, 1)}
+    res = {"slots": slots, "weights": args.weights, "depth": depth, "kernels_per_step": len(plan),
+           "build_s": round(build_s, 1)}
     if dev.type == "cuda":
         step = ns.CudaStep(plan, {k: b.ptr for k, b in bufs.items()},
                            {"SLOTS": slots, "HEAD_DIM": d, "GROUP": sz["nq"] // sz["kvh"]}, graph=True)
@@ -210,6 +228,8 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--bandwidth-gbs", type=float, default=4800.0)
     ap.add_argument("--cpu", action="store_true", help="tiny sizes, numpy twins, on the CPU")
+    ap.add_argument("--weights", choices=["float", "int8"], default="float",
+                    help="int8: the projections as 8-bit blocks (quantize native-step --weights int8)")
     args = ap.parse_args(argv)
     import torch
     dev = torch.device("cpu" if args.cpu else "cuda")

@@ -138,25 +138,34 @@ def test_step_logits_match_onnx_runtime(arts, monkeypatch):
 @pytest.fixture(scope="module")
 def demo_native(demo_arts, tmp_path_factory):
     from quantize.native_step import native_step_artifact
-    out = tmp_path_factory.mktemp("demo-native") / "fp32-native"
-    native_step_artifact(demo_arts["fp32"], out)
-    return out
+    root = tmp_path_factory.mktemp("demo-native")
+    native_step_artifact(demo_arts["fp32"], root / "float")
+    native_step_artifact(demo_arts["fp32"], root / "int8", weights="int8")
+    return {"float": root / "float", "int8": root / "int8"}
 
 
 def test_the_demo_model_reads_the_same(demo_arts, demo_native, monkeypatch):
-    """The trained model on two eval pages, two slots busy: the native step writes the text ONNX Runtime's does."""
+    """The trained model on two eval pages, two slots busy: the native step writes the text ONNX Runtime's does,
+    and with 8-bit weights the text ONNX Runtime's MatMulNBits step writes over the same bytes, which stays close
+    to the float model's."""
     from pathlib import Path
 
     from PIL import Image
+
+    from edgeocr.metrics import cer
     root = Path(__file__).resolve().parents[1] / "calibration_data" / "eval"
     pages = [Image.open(root / f"{i:06d}.jpg").convert("RGB") for i in range(2)]
     opts = DecodeOptions(max_new_tokens=60)
     monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
     ref = dict(OCRModel(demo_arts["fp32"]).recognize_many(pages, options=opts))
+    ref8 = dict(OCRModel(demo_native["int8"]).recognize_many(pages, options=opts))
     monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "numpy")
-    got = dict(OCRModel(demo_native).recognize_many(pages, options=opts))
+    got = dict(OCRModel(demo_native["float"]).recognize_many(pages, options=opts))
+    got8 = dict(OCRModel(demo_native["int8"]).recognize_many(pages, options=opts))
     assert [got[i].token_ids for i in range(2)] == [ref[i].token_ids for i in range(2)]
+    assert [got8[i].token_ids for i in range(2)] == [ref8[i].token_ids for i in range(2)]
     assert all(len(ref[i].text) > 20 for i in range(2))
+    assert all(cer(got8[i].text, ref[i].text) < 0.1 for i in range(2)), [(got8[i].text, ref[i].text) for i in range(2)]
 
 
 def test_the_pass_refuses_what_the_step_cannot_run(ckpt_b, arts, tmp_path):
@@ -201,10 +210,13 @@ def test_the_kernels_compile_for_orin_ada_and_hopper(arch):
         cubin = nvrtc.compile_cubin(SOURCE, arch, {"SLOTS": slots, "HEAD_DIM": head, "GROUP": group})
         d = Dims(layers=2, hidden=256, inter=512, nq=2 * group, kvh=2, head_dim=head, vocab=1000, cache_len=512,
                  eps=1e-5, lm_head="embed")
+        from dataclasses import replace
         for sms in (16, 132):
-            symbols = {launch.symbol for launch in step_plan(d, slots, sms, state=True)}
+            symbols = {launch.symbol for q8 in (False, True)
+                       for launch in step_plan(replace(d, q8=q8), slots, sms, state=True)}
             missing = {s for s in symbols if s.encode() not in cubin}
             assert not missing and "step_begin" in symbols, missing
+            assert any(s.startswith(f"swiglu_q8_m{slots}_") for s in symbols), symbols
 
 
 def test_where_the_cuda_kernels_apply():
@@ -218,14 +230,15 @@ def test_where_the_cuda_kernels_apply():
     assert "head size 24" in cuda_problem(replace(d, head_dim=24), 1, np.float16)
 
 
-def test_the_kernel_check_compares_each_launch_with_its_twin(arts, monkeypatch):
+@pytest.mark.parametrize("weights", ["float", "int8"])
+def test_the_kernel_check_compares_each_launch_with_its_twin(arts, q8_arts, weights, monkeypatch):
     """CudaStep.check's bookkeeping (the GPU's per-kernel diagnostic) on the CPU: a stand-in module whose
     "launch" runs the numpy twin on the session's buffers in place.  Every output of every kernel is compared,
     and all agree exactly."""
     from edgeocr.backends import native_step as ns
     from edgeocr.backends.memory import HostMemory
     monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "numpy")
-    m = OCRModel(arts["a-native"])
+    m = OCRModel(arts["a-native"] if weights == "float" else q8_arts["a-q8"])
     _run(m, _pages(3), [4, 6, 5])
     s = m.session
     plan = ns.step_plan(s.dims, s.slots, state=True)
@@ -253,7 +266,8 @@ def test_the_kernel_check_compares_each_launch_with_its_twin(arts, monkeypatch):
     step.calls = [(launch.symbol, launch.grid, launch.block, launch.args) for launch in plan]
     rows = step.check(plan, bufs, HostMemory(), s.w_dtype)
     kinds = {r["kernel"] for r in rows}
-    assert kinds == set(ns.OUTPUTS), kinds
+    unused = {"gemv", "swiglu"} if weights == "int8" else {"gemv_q8", "swiglu_q8"}
+    assert kinds == set(ns.OUTPUTS) - unused, kinds
     # the state's inputs (seen, ids, cos, sin); embedding, first norm (x, xn); a layer: q|k|v, RoPE (q, k, v),
     # attention, o, norm (x, xn), SwiGLU, down, norm (x, xn); lm_head; selection (next, rows)
     assert len(rows) == 4 + 1 + 2 + s.dims.layers * (1 + 3 + 1 + 1 + 2 + 1 + 1 + 2) + 1 + 2
@@ -271,11 +285,13 @@ def test_fp16_twins_match_the_exported_graphs_reference(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_native_step_torch", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod.main(["--cpu", "--slots", "1", "3", "--json", str(tmp_path / "r.json")]) == 0
-    runs = json.loads((tmp_path / "r.json").read_text())["runs"]
-    assert [r["slots"] for r in runs] == [1, 3]
-    for r in runs:
-        assert r["tokens_agree"] and r["logits_max_rel_err"] < 3e-3 and r["kv_max_rel_err"] < 3e-3, r
+    for weights in ("float", "int8"):
+        assert mod.main(["--cpu", "--slots", "1", "3", "--weights", weights, "--json", str(tmp_path / "r.json")]) == 0
+        runs = json.loads((tmp_path / "r.json").read_text())["runs"]
+        assert [r["slots"] for r in runs] == [1, 3]
+        for r in runs:
+            assert r["tokens_agree"] and r["rows_advanced"] and r["seen_marked"], r
+            assert r["logits_max_rel_err"] < 3e-3 and r["kv_max_rel_err"] < 3e-3, r
 
 
 def test_a_steady_step_writes_nothing_from_the_host(arts, monkeypatch):
@@ -341,3 +357,53 @@ def test_prefill_beside_and_vision_ahead_give_the_same_tokens(arts, monkeypatch)
     sched_kw = dict(vision_ahead=True, prefill_beside=True)
     assert model.scheduler(**sched_kw).prefill_beside
     assert _run(model, pages, **sched_kw) == ref
+
+
+@pytest.fixture(scope="module")
+def q8_arts(arts, tmp_path_factory):
+    from quantize.native_step import native_step_artifact
+    root = tmp_path_factory.mktemp("native-q8")
+    native_step_artifact(arts["a"], root / "a-q8", weights="int8")
+    return {"a-q8": root / "a-q8"}
+
+
+def test_int8_weights_are_matmul_nbits_blocks_read_by_both(arts, q8_arts):
+    """--weights int8: each projection is uint8 [n, k] with one scale per 32 values, the graph reads those bytes
+    through MatMulNBits (no float copy anywhere), and the file is a quarter of the FP32 one's projections."""
+    import onnx
+    m = read(q8_arts["a-q8"])
+    spec = m.decoder.native_step
+    assert spec["weights"] == "int8" and spec["block"] == 32
+    t = spec["tensors"]
+    assert t["layers.0.qkv"]["dtype"] == "uint8" and t["layers.0.qkv.scales"]["dtype"] == "float32"
+    assert t["layers.0.qkv.scales"]["shape"] == [t["layers.0.qkv"]["shape"][0], t["layers.0.qkv"]["shape"][1] // 32]
+    g = onnx.load(str(q8_arts["a-q8"] / m.decoder.file), load_external_data=False).graph
+    ops = [n.op_type for n in g.node]
+    assert ops.count("MatMulNBits") == 4 * m.model["text"]["num_layers"] and "FusedMatMul" not in ops
+    q8 = (q8_arts["a-q8"] / spec["file"]).stat().st_size
+    f32 = (arts["a-native"] / read(arts["a-native"]).decoder.native_step["file"]).stat().st_size
+    assert q8 < 0.6 * f32, (q8, f32)
+    from quantize.native_step import quantize_rows
+    w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    q, s = quantize_rows(w)
+    back = (q.astype(np.float32) - 128) * np.repeat(s, 32, axis=1)
+    assert np.abs(back - w).max() <= np.repeat(s, 32, axis=1).max() / 2 + 1e-6
+
+
+def test_int8_weights_same_tokens_as_onnx_runtimes_step(q8_arts, monkeypatch):
+    """The 8-bit twins (dequantize, then the GEMV) give the tokens of ONNX Runtime's MatMulNBits step over the same
+    bytes, 7 pages through 3 slots."""
+    pages = _pages(7)
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
+    ref = _run(OCRModel(q8_arts["a-q8"]), pages)
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "numpy")
+    model = OCRModel(q8_arts["a-q8"])
+    assert model.session.dims.q8
+    assert _run(model, pages) == ref
+
+
+def test_int8_weights_refused_where_blocks_do_not_fit(arts, tmp_path):
+    from quantize.native_step import native_step_artifact
+    with pytest.raises(ValueError, match="attention width 144 is not a multiple of 32"):
+        native_step_artifact(arts["b"], tmp_path / "q", weights="int8")
+    assert not (tmp_path / "q").exists()

@@ -56,6 +56,7 @@ class Dims:
     cache_len: int
     eps: float
     lm_head: str             # the tensor of the output projection: "lm_head", or "embed" when tied
+    q8: bool = False         # the layers' projections as 8-bit blocks of 32 (quantize native-step --weights int8)
 
     @property
     def qkv(self) -> int:
@@ -71,7 +72,8 @@ class Dims:
         spec = art.decoder.native_step
         return cls(layers=t["num_layers"], hidden=t["hidden_size"], inter=t["intermediate_size"], nq=t["num_heads"],
                    kvh=t["num_kv_heads"], head_dim=t["head_dim"], vocab=t["vocab_size"], cache_len=art.kv.cache_len,
-                   eps=float(t["rms_norm_eps"]), lm_head="lm_head" if "lm_head" in spec["tensors"] else "embed")
+                   eps=float(t["rms_norm_eps"]), lm_head="lm_head" if "lm_head" in spec["tensors"] else "embed",
+                   q8=spec.get("weights") == "int8")
 
 
 @dataclass(frozen=True)
@@ -100,8 +102,11 @@ def step_plan(d: Dims, slots: int, sms: int = 1, state: bool = False) -> list[La
 
     def gemv(kind: str, w: str, x: str, y: str, rows: int, k: int, extra=()) -> Launch:
         ks = _ks(rows, sms)
-        return Launch(kind, f"{kind}_m{n}_ks{ks}", (-(-rows // (8 // ks)),), (256,),
-                      (x, w, y, i_(rows), i_(k), *extra))
+        grid = (-(-rows // (8 // ks)),)
+        if d.q8 and w != f"w.{d.lm_head}":         # a layer's projection: 8-bit weights and their scales
+            return Launch(kind + "_q8", f"{kind}_q8_m{n}_ks{ks}", grid, (256,),
+                          (x, w, w + ".scales", y, i_(rows), i_(k), *extra))
+        return Launch(kind, f"{kind}_m{n}_ks{ks}", grid, (256,), (x, w, y, i_(rows), i_(k), *extra))
 
     def norm(delta, gamma: str) -> Launch:
         return Launch("add_rmsnorm", "add_rmsnorm", (n,), (256,), ("x", delta, gamma, "xn", i_(d.hidden), f_(d.eps)))
@@ -189,6 +194,18 @@ class NumpyStep:
     def k_gemvf(self, L, x, w, y, n, k):
         y[...] = self.rd(self.f(x) @ self.f(w).T)
 
+    @staticmethod
+    def deq(w: np.ndarray, scales: np.ndarray) -> np.ndarray:
+        """8-bit blocks -> float32 weights: (q - 128) * scale, each scale over 32 values along k."""
+        return (w.astype(np.float32) - 128.0) * np.repeat(scales.astype(np.float32), w.shape[1] // scales.shape[1],
+                                                           axis=1)
+
+    def k_gemv_q8(self, L, x, w, scales, y, n, k):
+        y[...] = self.f(x) @ self.deq(w, scales).T
+
+    def k_swiglu_q8(self, L, x, w, scales, y, n, k, gate_mul, up_off):
+        self.k_swiglu(L, x, self.deq(w, scales), y, n, k, gate_mul, up_off)
+
     def k_swiglu(self, L, x, w, y, n, k, gate_mul, up_off):
         rows = np.arange(n) * gate_mul
         g = self.rd(self.f(x) @ self.f(w[rows]).T)
@@ -256,7 +273,8 @@ class NumpyStep:
 # ---------------------------------------------------------------------------------------------- CUDA
 # what each kernel writes (argument positions) that its numpy twin computes too
 OUTPUTS = {"step_begin": (5, 6, 7, 8), "embed_rows": (2,), "add_rmsnorm": (0, 3), "gemv": (2,), "gemvf": (2,),
-           "swiglu": (2,), "rope_qknorm_append": (6, 7, 8), "attn_combine": (3,), "select_final": (2, 5)}
+           "swiglu": (2,), "gemv_q8": (3,), "swiglu_q8": (3,), "rope_qknorm_append": (6, 7, 8), "attn_combine": (3,),
+           "select_final": (2, 5)}
 SOURCE = '#include "decode_gemv.cu"\n#include "decode_attention.cu"\n#include "decode_step.cu"\n'
 
 
@@ -375,6 +393,8 @@ def cuda_problem(d: Dims, slots: int, dtype) -> str | None:
         return f"{slots} slots (the kernels take at most {MAX_SLOTS})"
     if d.hidden % 8 or d.inter % 8 or (d.nq * d.head_dim) % 8:
         return "a hidden, intermediate or attention width that is not a multiple of 8"
+    if d.q8 and (d.hidden % 32 or d.inter % 32 or (d.nq * d.head_dim) % 32):
+        return "8-bit weights with a reduction size that is not a multiple of 32"
     if d.nq % d.kvh:
         return f"{d.nq} query heads over {d.kvh} key/value heads"
     return None
@@ -428,12 +448,13 @@ class NativeStepSession(GqaSession):
             raise ArtifactError(f"{f}: cannot read the native step's weights ({e})") from None
         self.weights, host = {}, {}
         for name, t in spec["tensors"].items():
+            dt = np.dtype(t.get("dtype", spec["dtype"]))
             count = int(np.prod(t["shape"]))
-            end = t["offset"] + count * self.w_dtype.itemsize
+            end = t["offset"] + count * dt.itemsize
             if end > raw.size:
                 raise ArtifactError(f"{f}: tensor {name} runs past the end of the file (truncated?)")
-            host[name] = raw[t["offset"]:end].view(self.w_dtype).reshape(t["shape"])
-            buf = self.mem.alloc(tuple(t["shape"]), self.w_dtype)
+            host[name] = raw[t["offset"]:end].view(dt).reshape(t["shape"])
+            buf = self.mem.alloc(tuple(t["shape"]), dt)
             self.mem.write(buf, host[name])
             self.weights[name] = buf
         del raw, host
@@ -449,9 +470,10 @@ class NativeStepSession(GqaSession):
                 self.engine, self._native = "onnxruntime", None
 
     def _weight_binds(self, b) -> None:
+        """The graph's weight inputs, each bound to its rows of a weight buffer (gate and up: two halves of one)."""
         for name, (tensor, row, shape) in self.art.decoder.native_step["inputs"].items():
             buf = self.weights[tensor]
-            ptr = buf.ptr + row * shape[1] * buf.itemsize
+            ptr = buf.ptr + row * (buf.nbytes // buf.shape[0])
             b.bind_input(name, self.mem.device, 0, buf.dtype, list(shape), ptr)
 
     def _bind_step_flavour(self, b) -> None:

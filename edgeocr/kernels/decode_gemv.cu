@@ -13,6 +13,12 @@
 //                                           MatMul -> QuickGelu -> Mul chain rounds (fp16 between ops).
 //                                           (2, 1): gate and up rows interleaved; (1, n): gate rows, then up rows
 //
+//   gemv_q8 / gemvf_q8 / swiglu_q8 (x, w, scales, y, n, k[, gate_mul, up_off])
+//                                           the same with 8-bit weights: w [rows, k] uint8 row-major, each run of
+//                                           32 along k one block with an fp16 scale (scales [rows, k / 32]); a
+//                                           weight is (q - 128) * scale: ONNX Runtime's MatMulNBits layout (bits
+//                                           8, block 32, default zero point), so one copy serves both; k % 32 == 0
+//
 //   x: [M, k] fp16, row-major        the activations (one row per slot)
 //   w: [n, k] fp16 (gemv), [2n, k] fp16 (swiglu), row-major: each output's weights are contiguous, so a warp
 //      reads them in 16-byte vectors
@@ -170,6 +176,91 @@ __device__ __forceinline__ void swiglu_body(const half_t* __restrict__ x, const 
     }
 }
 
+__device__ __forceinline__ void unpack16_q8(uint4 v, float* f) {
+  const u32 p[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int b = 0; b < 4; ++b) f[4 * i + b] = (float)((int)((p[i] >> (8 * b)) & 0xffu) - 128);
+}
+
+// 8-bit weights: R rows (rows[r], their block scales srows[r]) against every x row, over this warp's share of k;
+// a lane takes 16 weights (one 16-byte load, half a block) and the 16 activations beside them
+template <int M, int KS, int R>
+__device__ __forceinline__ void dot_rows_q8(const uint4* __restrict__ x, const uint4* const* rows,
+                                            const half_t* const* srows, int kv, int part, int lane,
+                                            float (*acc)[M]) {
+  const int kx = kv * 2;                                            // x: 8 halves a vector, two per weight vector
+  for (int v = part * 32 + lane; v < kv; v += 32 * KS) {
+    uint4 wv[R];
+    float sc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      wv[r] = __ldg(rows[r] + v);
+      sc[r] = h2f(srows[r][v >> 1]);
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float xf[16];
+      unpack8(__ldg(x + (size_t)m * kx + 2 * v), xf);
+      unpack8(__ldg(x + (size_t)m * kx + 2 * v + 1), xf + 8);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float wf[16];
+        unpack16_q8(wv[r], wf);
+        float d = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) d = fmaf(wf[j], xf[j], d);
+        acc[r][m] = fmaf(sc[r], d, acc[r][m]);
+      }
+    }
+  }
+}
+
+template <int M, int KS, typename OutT>
+__device__ __forceinline__ void gemv_q8_body(const half_t* __restrict__ x, const unsigned char* __restrict__ w,
+                                             const half_t* __restrict__ scales, OutT* __restrict__ y, int n, int k) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (8 / KS) + warp / KS;
+  const int kv = k >> 4;                                            // 16-byte weight vectors per row
+  float acc[1][M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[0][m] = 0.f;
+  if (row < n) {
+    const uint4* rows[1] = {reinterpret_cast<const uint4*>(w + (size_t)row * k)};
+    const half_t* srows[1] = {scales + (size_t)row * (k >> 5)};
+    dot_rows_q8<M, KS, 1>(reinterpret_cast<const uint4*>(x), rows, srows, kv, warp % KS, lane, acc);
+  }
+  if (reduce_rows<M, KS, 1>(acc, warp, lane) && row < n)
+#pragma unroll
+    for (int m = 0; m < M; ++m) store_out(y, (size_t)m * n + row, acc[0][m]);
+}
+
+template <int M, int KS>
+__device__ __forceinline__ void swiglu_q8_body(const half_t* __restrict__ x, const unsigned char* __restrict__ w,
+                                               const half_t* __restrict__ scales, half_t* __restrict__ y, int n,
+                                               int k, int gate_mul, int up_off) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (8 / KS) + warp / KS;
+  const int kv = k >> 4;
+  float acc[2][M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[0][m] = acc[1][m] = 0.f;
+  if (row < n) {
+    const size_t g = (size_t)row * gate_mul, u = g + up_off;
+    const uint4* rows[2] = {reinterpret_cast<const uint4*>(w + g * k), reinterpret_cast<const uint4*>(w + u * k)};
+    const half_t* srows[2] = {scales + g * (k >> 5), scales + u * (k >> 5)};
+    dot_rows_q8<M, KS, 2>(reinterpret_cast<const uint4*>(x), rows, srows, kv, warp % KS, lane, acc);
+  }
+  if (reduce_rows<M, KS, 2>(acc, warp, lane) && row < n)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float gg = round_h(acc[0][m]), uu = round_h(acc[1][m]);
+      const float act = round_h(gg / (1.f + expf(-gg)));
+      y[(size_t)m * n + row] = f2h(act * uu);
+    }
+}
+
 #define EDGEOCR_KERNELS(MM, KS)                                                                             \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       gemv_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k) {                        \
@@ -187,6 +278,21 @@ __device__ __forceinline__ void swiglu_body(const half_t* __restrict__ x, const 
       swiglu_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k, int gate_mul,          \
                             int up_off) {                                                                    \
     swiglu_body<MM, KS>(x, w, y, n, k, gate_mul, up_off);                                                    \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(256)                                                          \
+      gemv_q8_m##MM##_ks##KS(const half_t* x, const unsigned char* w, const half_t* s, half_t* y, int n,      \
+                             int k) {                                                                        \
+    gemv_q8_body<MM, KS>(x, w, s, y, n, k);                                                                  \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(256)                                                          \
+      gemvf_q8_m##MM##_ks##KS(const half_t* x, const unsigned char* w, const half_t* s, float* y, int n,     \
+                              int k) {                                                                       \
+    gemv_q8_body<MM, KS>(x, w, s, y, n, k);                                                                  \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(256)                                                          \
+      swiglu_q8_m##MM##_ks##KS(const half_t* x, const unsigned char* w, const half_t* s, half_t* y, int n,   \
+                               int k, int gate_mul, int up_off) {                                            \
+    swiglu_q8_body<MM, KS>(x, w, s, y, n, k, gate_mul, up_off);                                              \
   }
 
 #define EDGEOCR_KERNELS_KS(MM) \
