@@ -46,6 +46,9 @@ class CudaRT:
         self._check(self.lib.cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(max(1, nbytes))), f"cudaMalloc({nbytes})")
         return int(ptr.value)
 
+    def free(self, ptr: int) -> None:
+        self._check(self.lib.cudaFree(ctypes.c_void_p(ptr)), "cudaFree")
+
     def memset(self, ptr: int, nbytes: int) -> None:
         self._check(self.lib.cudaMemset(ctypes.c_void_p(ptr), 0, ctypes.c_size_t(nbytes)), "cudaMemset")
 

@@ -19,7 +19,7 @@ class Buffer:
     shape: tuple[int, ...]
     dtype: np.dtype
     host: np.ndarray | None       # the numpy array itself for host buffers, None on the device
-    keep: object = None           # the owner keeping device memory alive (an OrtValue)
+    keep: object = None           # the owner keeping device memory alive
 
     @property
     def itemsize(self) -> int:
@@ -68,8 +68,25 @@ class HostMemory:
         pass
 
 
+class _Allocation:
+    """Device memory from cudaMalloc, freed when the last Buffer holding it goes."""
+
+    def __init__(self, cuda, nbytes: int):
+        self.cuda, self.ptr = cuda, cuda.malloc(nbytes)
+
+    def __del__(self):
+        try:
+            self.cuda.free(self.ptr)
+        except Exception:  # noqa: BLE001  (interpreter shutdown: the context may be gone already)
+            pass
+
+
 class CudaMemory:
-    """Device memory from ONNX Runtime's CUDA allocator, copied with the CUDA runtime (edgeocr.backends.cudart)."""
+    """Device memory of exactly the size asked (cudaMalloc), copied with the CUDA runtime
+    (edgeocr.backends.cudart).  Not ONNX Runtime's allocator: with `OrtValue.ortvalue_from_shape_and_type` the
+    KV cache and step buffers (about 390 MiB with a 4,096-token cache) held 512 MiB on the H200 (docs/perf.md §4),
+    what an arena that doubles each extension reserves (1 + 2 + ... + 256 MiB); a gigabyte of native-step weights
+    could have held two."""
 
     device = "cuda"
 
@@ -80,9 +97,10 @@ class CudaMemory:
         self.cuda = cudart.load()
 
     def alloc(self, shape, dtype) -> Buffer:
-        ov = self.ort.OrtValue.ortvalue_from_shape_and_type(tuple(shape), dtype, "cuda", 0)
-        buf = Buffer(ov.data_ptr(), tuple(shape), np.dtype(dtype), None, ov)
-        self.cuda.memset(buf.ptr, buf.nbytes)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        a = _Allocation(self.cuda, nbytes)
+        buf = Buffer(a.ptr, tuple(shape), np.dtype(dtype), None, a)
+        self.cuda.memset(buf.ptr, max(1, buf.nbytes))
         return buf
 
     def write(self, buf: Buffer, data: np.ndarray, offset: int = 0) -> None:
