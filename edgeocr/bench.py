@@ -60,14 +60,15 @@ class BenchResult:
     cpu_profile: dict | None = None   # CPU: ONNX Runtime's own profile of decode steps (cpu_step_profile)
 
 
-def step_copies(art, live_slots: int = 1) -> dict:
+def step_copies(art, live_slots: int = 1, engine: str = "onnxruntime") -> dict:
     """What one decode step copies outside the graph, by construction of the sessions' bindings
     (edgeocr.backends.ort): every slot's inputs go in, every slot's logits or token ids come back.  A decoder with
-    device-resident step state (edgeocr.backends.ort_step_state) takes nothing from the host in a step; only
-    admissions and leaves write its buffers."""
+    device-resident step state (edgeocr.backends.ort_step_state), or the native step (edgeocr.backends.native_step,
+    `engine` not "onnxruntime"), takes nothing from the host in a step; only admissions and leaves write its
+    buffers."""
     n, kv = art.slots, art.kv
     inplace, selects = art.decoder.attention == "gqa", art.decoder.select_on_device
-    if art.decoder.step_state:
+    if art.decoder.step_state or engine != "onnxruntime":
         return {"host_to_device": 0, "device_to_host": n * 8, "cache_rows_device_to_device": 0}
     h2d = n * (8 + 2 * 4 * kv.head_dim)                           # token ids, cos, sin
     h2d += n * (4 if inplace else 8)                              # seqlens_k | past_len
@@ -237,7 +238,8 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
     live_kv = m.kv.bytes_per_token * (res.prompt_tokens + tokens / 2)
     floor = ((dec_bytes + live_kv) / (bw * 1e9) * 1e3) if bw else None
     per_tok = statistics.mean(steps) if steps else 0.0
-    prof = cpu_step_profile(model, res, threads) if device == "cpu" and model.session.name.startswith("onnxruntime") \
+    engine = getattr(model.session, "engine", "onnxruntime")         # the native step runs no ONNX Runtime step
+    prof = cpu_step_profile(model, res, threads) if device == "cpu" and engine == "onnxruntime" \
         else None
     return BenchResult(
         backend=model.session.name, precision=m.precision, device_name=name, prompt_tokens=res.prompt_tokens,
@@ -246,7 +248,7 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
         decode_ms_per_token=per_tok, decode_ms_by_position=by_pos,
         tokens_per_s=1e3 / per_tok if per_tok else 0.0, total_ms=t["total"], peak_rss_mib=_rss_mib(),
         peak_device_mib=peak_dev, kv_cache_mib=kv / 2**20, decoder_weight_mib=dec_bytes / 2**20,
-        bandwidth_floor_ms=floor, step_copies=step_copies(m),
+        bandwidth_floor_ms=floor, step_copies=step_copies(m, engine=engine),
         threads=thread_label(threads) if device == "cpu" else "", cpu_profile=prof,
         flavour=(f"attention {m.decoder.attention}, selection "
                  f"{'in graph' if m.decoder.select_on_device else 'host'}, "

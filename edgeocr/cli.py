@@ -440,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(s_)
     d = command("doctor", help="check Python, ONNX Runtime, GPU, TensorRT, an artifact and the daemon")
     d.add_argument("artifact", nargs="?", help="artifact directory to check")
+    d.add_argument("--verify", action="store_true",
+                   help="also hash every file of the artifact against its manifest (sha256; a few seconds a GB)")
     d.add_argument("--remote", default=os.environ.get("EDGEOCR_REMOTE", "unix:/run/edgeocr/edgeocr.sock"),
                    help="daemon address to probe")
     b = command("bench", help="per-stage timings, tokens/s and memory (fixed output length)",
@@ -504,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.cmd == "doctor":
         from edgeocr.doctor import doctor
-        return doctor(args.artifact, args.remote)
+        return doctor(args.artifact, args.remote, verify=args.verify)
     try:
         return _run(args)
     except EdgeOCRError as e:

@@ -20,6 +20,13 @@ def load_problem(art, device: str) -> str | None:
     if device == "cpu" and art.export.get("fusion", {}).get("cuda_only_ops"):
         return ("fused for ONNX Runtime's CUDA provider: it does not load on the CPU; fuse the exported artifact "
                 "with --target portable")
+    if art.decoder.native_step:
+        if art.decoder.step_state:
+            return "native-step weights with a step-state decoder: no session runs both; rebuild one of them"
+        from edgeocr.backends.native_step import spec_problem
+        why = spec_problem(art)
+        if why:
+            return why
     return None
 
 
@@ -53,7 +60,23 @@ def device_fit(art, device: str) -> list[str]:
     return out
 
 
-def doctor(artifact: str | None, remote: str | None) -> int:
+def verify_files(directory, files: dict) -> list[str]:
+    """The artifact's files whose sha256 differs from the manifest's (changed, corrupted or replaced)."""
+    import hashlib
+    from pathlib import Path
+
+    bad = []
+    for name, meta in sorted(files.items()):
+        h = hashlib.sha256()
+        with open(Path(directory) / name, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        if h.hexdigest() != meta.get("sha256"):
+            bad.append(name)
+    return bad
+
+
+def doctor(artifact: str | None, remote: str | None, verify: bool = False) -> int:
     failures = 0
     _line(sys.version_info >= (3, 10), "python", f"{platform.python_version()} ({sys.executable})")
     try:
@@ -99,6 +122,12 @@ def doctor(artifact: str | None, remote: str | None) -> int:
                 if short:
                     failures += 1
                 _line(not short, "artifact/onnxruntime", short or f"needs >= {req}, have {ort.__version__}")
+            if verify:
+                bad = verify_files(artifact, m.files)
+                if bad:
+                    failures += 1
+                _line(not bad, "artifact/sha256", f"differs from the manifest: {', '.join(bad)}" if bad
+                      else f"{len(m.files)} files match the manifest")
             device = "cuda" if "CUDAExecutionProvider" in provs and gpu else "cpu"
             problem, warnings = load_problem(m, device), device_fit(m, device)
             if problem:

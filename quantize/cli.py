@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             tc = {"tiny-a": TINY_A, "tiny-b": TINY_B}[args.config]
             make_tiny_checkpoint(args.out, tc, seed=args.seed)
             _progress(f"tiny checkpoint {tc.name} written to {args.out}")
-    except (EdgeOCRError, ValueError) as err:
+    except (EdgeOCRError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -123,7 +123,10 @@ def copy_unwritten(src: Path, out: Path, files, written: set[str]) -> None:
     """Copy the artifact files (`files`: names under `src`) that a derivation did not write itself into `out`."""
     for name in files:
         if name not in written:
-            shutil.copyfile(src / name, out / name)
+            dst = out / name
+            if dst.exists() or dst.is_symlink():
+                dst.unlink()      # not written through: `quantize reslot` hard-links an artifact's files
+            shutil.copyfile(src / name, dst)
 
 
 def _file_table(out: Path) -> dict:

@@ -219,6 +219,8 @@ def quantize_projections(tensors: dict[str, np.ndarray], inputs: dict, block: in
 def write_weights(path: Path, tensors: dict[str, np.ndarray]) -> dict[str, dict]:
     """The tensors, each 256-byte aligned, into one raw file; returns the index (name -> offset, shape)."""
     index, off = {}, 0
+    if path.exists():
+        path.unlink()             # not written through: `quantize reslot` hard-links an artifact's files
     with open(path, "wb") as f:
         for name, a in tensors.items():
             pad = (-off) % ALIGN
@@ -252,6 +254,9 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
                          "was made from")
     if m.decoder.native_step:
         raise ValueError(f"{src} already has its native decode step's weights")
+    if m.export.get("weight_int8") or m.precision not in ("fp16", "fp32"):
+        raise ValueError(f"{src} is {m.export.get('weight_int8') and 'weight-int8' or m.precision}: the native decode "
+                         "step starts from an FP16 or FP32 artifact (for 8-bit weights: --weights int8)")
     if out.resolve() == src.resolve():
         raise ValueError("OUT must differ from ARTIFACT")
     t = m.model["text"]

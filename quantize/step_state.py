@@ -143,6 +143,9 @@ def step_state_artifact(src: Path, out: Path, progress=None) -> af.Artifact:
                          f"{'in graph' if m.decoder.select_on_device else 'on the host'})")
     if m.decoder.step_state:
         raise ValueError(f"{src} already holds its step state on the device")
+    if m.decoder.native_step:
+        raise ValueError(f"{src} has native-step weights, whose step keeps its state on the device already; make the "
+                         "step-state artifact from the one native-step was made from")
     if out.resolve() == src.resolve():
         raise ValueError("OUT must differ from ARTIFACT")
     out.mkdir(parents=True, exist_ok=True)

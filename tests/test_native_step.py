@@ -179,7 +179,7 @@ def test_the_pass_refuses_what_the_step_cannot_run(ckpt_b, arts, tmp_path):
         native_step_artifact(arts["a"], arts["a"])
     from quantize.weight_int8 import build_cpu
     build_cpu(arts["b-fused"], tmp_path / "w8")
-    with pytest.raises(ValueError, match="quantized"):
+    with pytest.raises(ValueError, match="weight-int8: the native decode step starts from an FP16 or FP32"):
         native_step_artifact(tmp_path / "w8", tmp_path / "z")
 
 
@@ -407,3 +407,99 @@ def test_int8_weights_refused_where_blocks_do_not_fit(arts, tmp_path):
     with pytest.raises(ValueError, match="attention width 144 is not a multiple of 32"):
         native_step_artifact(arts["b"], tmp_path / "q", weights="int8")
     assert not (tmp_path / "q").exists()
+
+
+def _broken_copy(src, dst, edit):
+    """A copy of a native-step artifact whose manifest's native_step entry `edit` changes."""
+    import json
+    import shutil
+    shutil.copytree(src, dst)
+    m = json.loads((dst / "manifest.json").read_text())
+    edit(m["graphs"]["decoder"]["native_step"])
+    (dst / "manifest.json").write_text(json.dumps(m))
+    return dst
+
+
+@pytest.mark.parametrize("case", ["row_past_tensor", "shape", "missing_tensor", "float_over_int8", "file_outside",
+                                  "unmapped_input"])
+def test_a_malformed_native_step_entry_is_refused_at_load(arts, q8_arts, tmp_path, case, monkeypatch):
+    """What a hand-edited or damaged manifest could make the graph read past a buffer or read uint8 as floats is
+    an ArtifactError naming the entry, before anything is bound (a row past its tensor used to crash the
+    process)."""
+    from edgeocr.errors import ArtifactError
+    src = q8_arts["a-q8"] if case == "float_over_int8" else arts["a-native"]
+    edits = {
+        "row_past_tensor": (lambda s: s["inputs"]["native.layers.1.down"].__setitem__(1, 100000),
+                            "does not lie inside layers.1.down"),
+        "shape": (lambda s: s["tensors"]["layers.0.qkv"].__setitem__("shape", [96, 64]), "layers.0.qkv has shape"),
+        "missing_tensor": (lambda s: s["tensors"].pop("norm"), "has no 'norm'"),
+        "float_over_int8": (lambda s: s.__setitem__("weights", "float"), "is uint8, expected float32"),
+        "file_outside": (lambda s: s.__setitem__("file", "../x/decoder_step.bin"), "file name inside the artifact"),
+        "unmapped_input": (lambda s: s["inputs"].pop("native.layers.0.qkv"), "does not map"),
+    }
+    edit, message = edits[case]
+    art = _broken_copy(src, tmp_path / case, edit)
+    for mode in ("0", "numpy"):
+        monkeypatch.setenv("EDGEOCR_NATIVE_STEP", mode)
+        with pytest.raises(ArtifactError, match=message):
+            OCRModel(art)
+    from edgeocr.doctor import load_problem
+    assert load_problem(read(art), "cpu")                  # doctor says so too
+
+
+def test_an_empty_weights_file_is_an_artifact_error(arts, tmp_path):
+    import json
+    import shutil
+
+    from edgeocr.errors import ArtifactError
+    art = tmp_path / "empty"
+    shutil.copytree(arts["a-native"], art)
+    (art / "decoder_step.bin").write_bytes(b"")
+    m = json.loads((art / "manifest.json").read_text())
+    m["files"]["decoder_step.bin"]["bytes"] = 0
+    (art / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="runs past the end of the file|cannot read"):
+        OCRModel(art)
+
+
+def test_writing_into_a_reslot_copy_leaves_the_source_alone(arts, tmp_path):
+    """`quantize reslot` hard-links an artifact's files; a pass writing into such a folder replaces its files
+    instead of writing through the links into the source artifact."""
+    import hashlib
+    import shutil
+
+    from quantize.export import reslot
+    from quantize.native_step import native_step_artifact
+    src = tmp_path / "src"
+    shutil.copytree(arts["a-native"], src)
+    reslot(src, tmp_path / "r", slots=2)
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in src.iterdir()}
+    native_step_artifact(arts["b"], tmp_path / "r")
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in src.iterdir()} == before
+
+
+def test_other_passes_refuse_or_keep_native_step_artifacts(arts, tmp_path):
+    from quantize.native_step import native_step_artifact
+    from quantize.step_state import step_state_artifact
+    from quantize.weight_int8 import build_cpu
+    with pytest.raises(ValueError, match="native-step weights"):
+        step_state_artifact(arts["a-native"], tmp_path / "ss")
+    build_cpu(arts["b-fused"], tmp_path / "w8")
+    with pytest.raises(ValueError, match="w8 is weight-int8"):
+        native_step_artifact(tmp_path / "w8", tmp_path / "n")
+    assert not (tmp_path / "n").exists()
+
+
+def test_doctor_verify_finds_a_changed_byte(arts, tmp_path, capsys):
+    import shutil
+
+    from edgeocr.doctor import doctor
+    art = tmp_path / "flip"
+    shutil.copytree(arts["a-native"], art)
+    assert doctor(str(art), None, verify=True) == 0
+    assert "files match the manifest" in capsys.readouterr().out
+    data = bytearray((art / "decoder_step.bin").read_bytes())
+    data[1000] ^= 0x40
+    (art / "decoder_step.bin").write_bytes(bytes(data))
+    assert doctor(str(art), None, verify=True) == 1
+    assert "differs from the manifest: decoder_step.bin" in capsys.readouterr().out

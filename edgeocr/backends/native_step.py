@@ -255,7 +255,8 @@ class NumpyStep:
 
     def k_select_final(self, L, val, idx, nxt, parts, live, lens):
         logits, seen, p = self.b["logits"], self.b["seen"], self.b["penalty"].reshape(-1, 1)
-        adj = np.where(seen > 0, np.where(logits < 0, logits * p, logits / p), logits)
+        with np.errstate(divide="ignore", invalid="ignore"):       # an idle slot's penalty is 0
+            adj = np.where(seen > 0, np.where(logits < 0, logits * p, logits / p), logits)
         nxt.reshape(-1)[...] = np.argmax(adj, axis=-1)
         if live is not None:
             lens += live
@@ -280,9 +281,8 @@ SOURCE = '#include "decode_gemv.cu"\n#include "decode_attention.cu"\n#include "d
 
 class CudaStep:
     """The launch list compiled (NVRTC, for this GPU) and replayed as one CUDA graph on a stream of its own.
-    Buffers are device addresses (name -> int).  The stream is a blocking one: the CUDA runtime's synchronous
-    copies on the legacy default stream (the session's writes of the step inputs, its read of the next tokens)
-    order with it."""
+    Buffers are device addresses (name -> int).  The stream does not wait for CUDA's legacy default stream: the
+    session syncs that stream after writing a step's state and waits for this one after each step."""
 
     def __init__(self, plan: list[Launch], ptrs: dict[str, int], defines: dict[str, int], graph: bool = True):
         from edgeocr.backends import cudart, nvrtc
@@ -400,6 +400,75 @@ def cuda_problem(d: Dims, slots: int, dtype) -> str | None:
     return None
 
 
+_FLOATS = ("float16", "float32")
+
+
+def spec_problem(art: Artifact, directory: Path | None = None) -> str | None:
+    """Why an artifact's `native_step` entry cannot be what the step reads (None: it can): every tensor the step
+    needs, of its shape and dtype; every weight input of the graph mapped inside its tensor; the file a plain name
+    in the artifact, long enough for every tensor.  Checked before anything is bound: a row or shape past a
+    tensor would have the graph read past a buffer."""
+    spec = art.decoder.native_step
+    if not isinstance(spec, dict):
+        return f"native_step must be an object, not {type(spec).__name__}"
+    if spec.get("version") != 1:
+        return (f"native step weights of version {spec.get('version')!r}; this edgeocr reads version 1: run "
+                "`python -m quantize native-step` again")
+    tensors, inputs, f = spec.get("tensors"), spec.get("inputs"), spec.get("file")
+    if not isinstance(tensors, dict) or not isinstance(inputs, dict):
+        return "native_step needs a tensors object and an inputs object"
+    if not isinstance(f, str) or not f or Path(f).name != f or f in (".", ".."):
+        return f"native_step.file must be a file name inside the artifact, not {f!r}"
+    act, weights = spec.get("dtype"), spec.get("weights", "float")
+    if act not in _FLOATS or weights not in ("float", "int8"):
+        return f"native_step: dtype {act!r} / weights {weights!r} (float16 or float32 / float or int8)"
+    t = art.model["text"]
+    H, inter, V, d = t["hidden_size"], t["intermediate_size"], t["vocab_size"], t["head_dim"]
+    nq, kvh = t["num_heads"], t["num_kv_heads"]
+    want = {"embed": [V, H], "norm": [H]}
+    if "lm_head" in tensors:
+        want["lm_head"] = [V, H]
+    for i in range(t["num_layers"]):
+        p = f"layers.{i}."
+        want.update({p + "qkv": [(nq + 2 * kvh) * d, H], p + "o": [H, nq * d], p + "gate_up": [2 * inter, H],
+                     p + "down": [H, inter], p + "ln1": [H], p + "ln2": [H], p + "qn": [d], p + "kn": [d]})
+    projections = [k for k in want if k.rsplit(".", 1)[-1] in ("qkv", "o", "gate_up", "down")]
+    if weights == "int8":
+        want.update({k + ".scales": [want[k][0], want[k][1] // 32] for k in projections})
+    size = (Path(directory) / f).stat().st_size if directory is not None and (Path(directory) / f).is_file() else None
+    for name, shape in want.items():
+        e = tensors.get(name)
+        if not isinstance(e, dict):
+            return f"native_step.tensors has no {name!r}"
+        dt = e.get("dtype", act)
+        ok_dt = "uint8" if weights == "int8" and name in projections else act
+        if dt != ok_dt:
+            return f"native_step tensor {name} is {dt}, expected {ok_dt}"
+        if e.get("shape") != shape:
+            return f"native_step tensor {name} has shape {e.get('shape')}, the model's sizes say {shape}"
+        off = e.get("offset")
+        if not isinstance(off, int) or off < 0:
+            return f"native_step tensor {name} has offset {off!r}"
+        end = off + int(np.prod(shape)) * np.dtype(dt).itemsize
+        if size is not None and end > size:
+            return f"{f}: tensor {name} runs past the end of the file (truncated?)"
+    graph_inputs = {e["name"] for e in art.decoder.inputs if str(e.get("name", "")).startswith("native.")}
+    missing = sorted(graph_inputs - set(inputs))
+    if missing:
+        return f"the decoder graph reads {missing[0]}, which native_step.inputs does not map"
+    for name, entry in inputs.items():
+        if not (isinstance(entry, list) and len(entry) == 3 and entry[0] in want and isinstance(entry[1], int)
+                and isinstance(entry[2], list)):
+            return f"native_step.inputs[{name!r}] must be [tensor, first row, shape]"
+        tensor, row, shape = entry
+        rows, per_row = want[tensor][0], int(np.prod(want[tensor][1:]))
+        count = int(np.prod(shape)) if all(isinstance(x, int) and x > 0 for x in shape) else -1
+        if row < 0 or count < 0 or count % per_row or row + count // per_row > rows:
+            return (f"native_step.inputs[{name!r}] (rows {row}.. of shape {shape}) does not lie inside "
+                    f"{tensor} {want[tensor]}")
+    return None
+
+
 class NativeStepSession(GqaSession):
     """A GqaSession over a `quantize native-step` artifact: the prefill on ONNX Runtime with the weights bound as
     graph inputs, the decode step native (module doc) or, with EDGEOCR_NATIVE_STEP=0 or where the kernels do not
@@ -408,9 +477,9 @@ class NativeStepSession(GqaSession):
     def __init__(self, path: Path, art: Artifact, device: str = "cpu", threads: int | None = None,
                  cuda_graph: bool | None = None):
         spec = art.decoder.native_step
-        if spec.get("version") != 1:
-            raise ArtifactError(f"{path}: native step weights of version {spec.get('version')!r}; this edgeocr "
-                                "reads version 1: run `python -m quantize native-step` again")
+        why = spec_problem(art, path)
+        if why:
+            raise ArtifactError(f"{path}: {why}")
         self.dims = Dims.of(art)
         self.w_dtype = np.dtype(spec["dtype"])
         mode = native_mode()
@@ -444,7 +513,7 @@ class NativeStepSession(GqaSession):
         f = self._native_path / spec["file"]
         try:
             raw = np.memmap(f, dtype=np.uint8, mode="r")
-        except OSError as e:
+        except (OSError, ValueError) as e:               # missing, a directory, empty
             raise ArtifactError(f"{f}: cannot read the native step's weights ({e})") from None
         self.weights, host = {}, {}
         for name, t in spec["tensors"].items():
