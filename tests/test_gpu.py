@@ -193,3 +193,21 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch):
     assert ref.session.engine == "onnxruntime"
     want = dict(ref.recognize_many(pages, task="structured_parse", options=o))
     assert {i: r.token_ids for i, r in got.items()} == {i: r.token_ids for i, r in want.items()}
+
+
+@pytest.mark.parametrize("weights", ["float", "int8"])
+def test_native_step_at_real_size_against_the_graphs_computation(tmp_path, weights):
+    """scripts/gpu_native_step_torch.py on the GPU: the real decoder's sizes on random FP16 weights, 1 and 8
+    slots, against the exported graph's computation in torch: logits, tokens, cache rows, the device state, and
+    every kernel against its numpy twin."""
+    import importlib.util
+    import json
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_native_step_torch.py"
+    spec = importlib.util.spec_from_file_location("gpu_native_step_torch", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "r.json"
+    assert mod.main(["--weights", weights, "--replays", "20", "--json", str(out)]) == 0, out.read_text()
+    runs = json.loads(out.read_text())["runs"]
+    assert all(r["tokens_agree"] and not r["kernel_check_bad"] for r in runs), runs
