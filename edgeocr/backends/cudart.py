@@ -161,7 +161,7 @@ def _candidates() -> list[str]:
     names += ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
     for base in sys.path:
         for pat in ("nvidia/cu13/lib/libcudart.so*", "nvidia/cuda_runtime/lib/libcudart.so*",
-                    "nvidia/cu12/lib/libcudart.so*"):
+                    "nvidia/cu12/lib/libcudart.so*", "nvidia/*/lib/libcudart.so*"):
             names += sorted(glob.glob(os.path.join(base, pat)))
     names += sorted(glob.glob("/usr/local/cuda*/lib64/libcudart.so*"))
     return names

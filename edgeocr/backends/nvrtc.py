@@ -38,8 +38,10 @@ def _nvrtc_candidates() -> list[str]:
                                                                     "nvidia/cu12/lib/libnvrtc.so*"]
     names = []
     for base in sys.path:
-        for pat in pats:
+        for pat in pats + ["nvidia/*/lib/libnvrtc.so*"]:        # wheels lay CUDA's libraries out differently
             names += sorted(glob.glob(os.path.join(base, pat)))
+    if not new_ok:
+        names = [n for n in names if "libnvrtc.so.13" not in n and "/cu13/" not in n]
     found = ctypes.util.find_library("nvrtc")
     names += ([found] if found else []) + (["libnvrtc.so.13"] if new_ok else []) + ["libnvrtc.so.12", "libnvrtc.so"]
     names += sorted(glob.glob("/usr/local/cuda*/lib64/libnvrtc.so*"))
