@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import shutil
 import time
 import warnings
@@ -129,6 +130,28 @@ def copy_unwritten(src: Path, out: Path, files, written: set[str]) -> None:
             shutil.copyfile(src / name, dst)
 
 
+# what an artifact folder holds: graphs, their weights, tokenizer, manifest, native-step weights, TensorRT engines
+# with their index and timing cache (edgeocr.trt_engines), a manifest being written
+_ARTIFACT_FILES = re.compile(r"^(.+\.onnx|.+\.onnx\.data|.+\.engine|engines\.json(\.tmp)?|timing\.cache|"
+                             r"tokenizer\.json|manifest\.json|decoder_step\.bin|\.manifest\..+\.tmp)$")
+
+
+def prepare_out(out: Path, make: bool = True) -> None:
+    """OUT for a toolchain pass, made if missing (make=False: only checked, before a long read).  An existing OUT
+    must hold nothing but artifact files (an earlier artifact, or an interrupted pass's graphs): the manifest lists
+    every file in OUT and makes it readable by all, so a folder of other files is refused rather than published."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file; OUT must be a directory")
+    if out.is_dir():
+        other = sorted(p.name for p in out.iterdir() if not (p.is_file() and _ARTIFACT_FILES.match(p.name)))
+        if other:
+            raise ValueError(f"{out} holds {', '.join(other[:3])}{' ...' if len(other) > 3 else ''}, which is not part "
+                             "of an artifact: give an empty or new folder as OUT")
+    if make:
+        out.mkdir(parents=True, exist_ok=True)
+
+
 def _file_table(out: Path) -> dict:
     """The artifact's files for its manifest (name -> bytes, sha256), each made readable by all: a daemon
     running as another user must be able to read the artifact."""
@@ -156,6 +179,7 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
         raise ValueError(f"attention must be 'masked' or 'gqa', not {opts.attention!r}")
     if opts.prefill_len > opts.cache_len:
         raise ValueError(f"prefill_len ({opts.prefill_len}) cannot exceed cache_len ({opts.cache_len})")
+    prepare_out(out, make=False)
     if not isinstance(opts.slots, int) or not 1 <= opts.slots <= 256:
         raise ValueError(f"slots must be an integer in 1..256, not {opts.slots!r}")
     dtype = _torch_dtype(opts.precision)
@@ -163,7 +187,7 @@ def export(ckpt: Path, out: Path, opts: ExportOptions = ExportOptions(),
     say(f"reading weights from {ckpt}")
     w = load_tensors(ckpt, spec)
     src_hash = checkpoint_hash(ckpt)
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_out(out)
     t, v = spec.text, spec.vision
     S = opts.image_size
     n_img = af.image_token_count(S, v.patch_size, v.spatial_merge_size)
@@ -249,7 +273,7 @@ def reslot(src: Path, out: Path, slots: int) -> af.Artifact:
         raise ValueError(f"slots must be an integer in 1..256, not {slots!r}")
     if out.resolve() == src.resolve():
         raise ValueError("OUT must differ from ARTIFACT")
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_out(out)
     for name in art.files:
         dst = out / name
         if dst.exists():

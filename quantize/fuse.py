@@ -715,7 +715,8 @@ def fuse_artifact(src: Path, out: Path, opts: FuseOptions = FuseOptions(),
         raise ValueError(f"{src} is already fused ({m.export['fusion'].get('target')}); fuse the exported artifact")
     if m.decoder.attention != "gqa" and opts.target == "cuda" and opts.gqa_qk_norm:
         say("decoder uses masked attention: no GroupQueryAttention to pack (portable passes only there)")
-    out.mkdir(parents=True, exist_ok=True)
+    from quantize.export import prepare_out
+    prepare_out(out)
     report = {"version": FUSION_VERSION, "target": opts.target, "options": asdict(opts), "graphs": {}}
     written = set()
     for name, fuser in GRAPH_FUSERS.items():

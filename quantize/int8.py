@@ -376,10 +376,12 @@ def build_int8(fp32_artifact: Path, calib_dir: Path, out: Path, opts: Int8Option
     src = af.read(fp32_artifact)
     if src.precision != "fp32":
         raise ValueError(f"{fp32_artifact} is {src.precision}; INT8 calibration starts from an FP32 artifact")
+    from quantize.export import prepare_out
+    prepare_out(out, make=False)                      # before the calibration run, not after it
     paths = calibration_images(calib_dir, opts)
     vis, dec = capture(fp32_artifact, paths, opts.decode_tokens, say)
     c, h = opts.calib_images, opts.holdout_images
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_out(out)
     reports = {}
     for kind, data in (("vision", vis), ("decoder", dec)):
         q, rep = quantize_graph(fp32_artifact / getattr(src, kind).file, kind, data[:c], data[c:c + h], opts, say)

@@ -267,7 +267,8 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
         what = ", ".join(f"{k} width {v}" for k, v in odd.items())
         raise ValueError(f"{src}: 8-bit weights take blocks of {BLOCK} along each projection's input, and this "
                          f"decoder's {what} is not a multiple of {BLOCK}")
-    out.mkdir(parents=True, exist_ok=True)
+    from quantize.export import prepare_out
+    prepare_out(out)
     model = load_graph(src / m.decoder.file)
     before = op_counts(model)
     tensors, inputs, rewrites = find_weights(model, m.model["text"])

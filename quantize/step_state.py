@@ -148,7 +148,8 @@ def step_state_artifact(src: Path, out: Path, progress=None) -> af.Artifact:
                          "step-state artifact from the one native-step was made from")
     if out.resolve() == src.resolve():
         raise ValueError("OUT must differ from ARTIFACT")
-    out.mkdir(parents=True, exist_ok=True)
+    from quantize.export import prepare_out
+    prepare_out(out)
     r = m.rope
     table_cos, table_sin = rope.text_table(m.cache_len, rope.inv_freq(r.head_dim, r.theta, r.alpha))
     model = load_graph(src / m.decoder.file)

@@ -191,7 +191,8 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
             raise ValueError(f"block size {b}: must be a power of two >= 16 (MatMulNBits)")
     if out.resolve() == src_artifact.resolve():
         raise ValueError("OUT must differ from ARTIFACT")
-    out.mkdir(parents=True, exist_ok=True)
+    from quantize.export import prepare_out
+    prepare_out(out)
     info = {"op": "com.microsoft.MatMulNBits", "bits": bits, "block_size": block_size, "symmetric": True,
             "activations": src.precision, "accuracy_level": accuracy_level or 0, "target": target,
             "lm_head": lm_head, "graphs": {}}

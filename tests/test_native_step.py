@@ -503,3 +503,17 @@ def test_doctor_verify_finds_a_changed_byte(arts, tmp_path, capsys):
     (art / "decoder_step.bin").write_bytes(bytes(data))
     assert doctor(str(art), None, verify=True) == 1
     assert "differs from the manifest: decoder_step.bin" in capsys.readouterr().out
+
+
+def test_a_pass_refuses_an_out_folder_of_other_files(arts, tmp_path):
+    """A toolchain pass lists every file of OUT in the manifest and makes it readable by all: a folder holding
+    anything else is refused, untouched."""
+    from quantize.native_step import native_step_artifact
+    out = tmp_path / "scratch"
+    out.mkdir()
+    (out / "secret.txt").write_text("x")
+    (out / "secret.txt").chmod(0o600)
+    with pytest.raises(ValueError, match="holds secret.txt, which is not part of an artifact"):
+        native_step_artifact(arts["a"], out)
+    assert (out / "secret.txt").stat().st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in out.iterdir()) == ["secret.txt"]
