@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     d = command("doctor", help="check Python, ONNX Runtime, GPU, TensorRT, an artifact and the daemon")
     d.add_argument("artifact", nargs="?", help="artifact directory to check")
     d.add_argument("--verify", action="store_true",
-                   help="also hash every file of the artifact against its manifest (sha256; a few seconds a GB)")
+                   help="also hash every file of the artifact against its manifest (sha256)")
     d.add_argument("--remote", default=os.environ.get("EDGEOCR_REMOTE", "unix:/run/edgeocr/edgeocr.sock"),
                    help="daemon address to probe")
     b = command("bench", help="per-stage timings, tokens/s and memory (fixed output length)",

@@ -30,6 +30,32 @@ def load_problem(art, device: str) -> str | None:
     return None
 
 
+def native_step_engine(art, device: str) -> str:
+    """Which decode step a native-step artifact gets on `device`, and why (edgeocr.backends.native_step)."""
+    import numpy as np
+
+    from edgeocr.backends.native_step import Dims, cuda_problem, native_mode
+    from edgeocr.errors import BackendError
+    try:
+        mode = native_mode()
+    except BackendError as e:
+        return str(e)
+    if mode == "off":
+        return "ONNX Runtime's (EDGEOCR_NATIVE_STEP=0)"
+    if mode == "numpy":
+        return "the native step's numpy twins (EDGEOCR_NATIVE_STEP=numpy)"
+    if device != "cuda":
+        return "ONNX Runtime's (the native step runs on CUDA)"
+    why = cuda_problem(Dims.of(art), art.slots, np.dtype(art.decoder.native_step["dtype"]))
+    if why is None:
+        try:
+            from edgeocr.backends import nvrtc
+            nvrtc._load_nvrtc()
+        except BackendError as e:
+            why = str(e)
+    return f"ONNX Runtime's: {why}" if why else "native (edgeocr's kernels, compiled at load by NVRTC)"
+
+
 def device_fit(art, device: str) -> list[str]:
     """Why `art` is a poor fit for ONNX Runtime on `device` ("cpu" | "cuda"), one sentence each; [] when it
     fits.  The figures are the measured ones in docs/int8.md (which artifact on which device)."""
@@ -137,6 +163,8 @@ def doctor(artifact: str | None, remote: str | None, verify: bool = False) -> in
                 _line("warn", f"artifact on {device}", w)
             if not warnings and not problem:
                 _line(True, f"artifact on {device}", "a good fit (docs/int8.md: which artifact on which device)")
+            if m.decoder.native_step and not problem:
+                _line(True, "decode step", native_step_engine(m, device))
         except EdgeOCRError as e:
             failures += 1
             _line(False, "artifact", str(e))

@@ -8,7 +8,8 @@
     python -m quantize fuse ARTIFACT OUT [--target cuda|portable]
     python -m quantize step-state ARTIFACT OUT     (gqa + in-graph selection: the decode step keeps its state on
                                                     the device, no host-to-device copy per step)
-    python -m quantize native-step ARTIFACT OUT    (FP16 gqa + in-graph selection: the decoder's weights for the
+    python -m quantize native-step ARTIFACT OUT [--weights float|int8]
+                                                   (FP16 gqa + in-graph selection: the decoder's weights for the
                                                     runtime's own CUDA decode step, shared with the graph)
     python -m quantize reslot ARTIFACT OUT --slots N     (same graphs, another slot count; ONNX Runtime)
     python -m quantize tiny OUT [--config tiny-a|tiny-b] [--seed N]
@@ -144,10 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     ss.add_argument("out", type=Path, help="artifact directory to write (not ARTIFACT)")
     ns = sub.add_parser("native-step", help="gqa + in-graph-selection artifact -> the same artifact with its "
                         "decoder weights in the layout of edgeocr's own CUDA decode step, read by the graph as inputs")
-    ns.add_argument("artifact", type=Path, help="the FP16 (or FP32) artifact directory to read, fused or not")
+    ns.add_argument("artifact", type=Path, help="the FP16 artifact directory to read, fused or not (FP32: the "
+                    "CPU's numpy twins only; on CUDA an FP32 artifact steps on ONNX Runtime)")
     ns.add_argument("out", type=Path, help="artifact directory to write (not ARTIFACT)")
     ns.add_argument("--weights", choices=["float", "int8"], default="float",
-                    help="int8: the layers' projections as 8-bit blocks of 32 (half the bytes a decode step reads)")
+                    help="int8: the layers' projections as 8-bit blocks of 32 (half their bytes; the embedding and "
+                         "lm_head stay FP16: about 2/3 of an FP16 step's weight bytes, computed)")
     rs = sub.add_parser("reslot", help="artifact -> the same graphs with another slot count (the decoder takes "
                         "any batch; ONNX Runtime flavours; TensorRT engines must be rebuilt)")
     rs.add_argument("artifact", type=Path, help="the artifact directory to read")

@@ -19,8 +19,9 @@ the weights are not held twice (on disk and on the device), this pass moves them
 
 With `--weights int8` the layers' projections are stored as 8-bit blocks of 32 along their input (a weight is
 (q - 128) * scale, one FP16/FP32 scale a block): ONNX Runtime's MatMulNBits layout, so the graph reads the same
-bytes through MatMulNBits(x, W, W.scales) and the native step through its 8-bit GEMVs; a step reads half the
-bytes.  The embedding, the norms and the lm_head stay in the artifact's precision.
+bytes through MatMulNBits(x, W, W.scales) and the native step through its 8-bit GEMVs; the projections take half
+their bytes.  The embedding, the norms and the lm_head stay in the artifact's precision, so a real-size step reads
+about 2/3 of the FP16 step's weight bytes (computed).
 
 The manifest's `graphs.decoder.native_step` indexes the file ({"tensors": name -> offset, shape}) and maps each
 graph input to its tensor and first row ({"inputs": name -> [tensor, row, shape]}).  Weights are found by the
@@ -303,7 +304,7 @@ def main(argv=None) -> int:
                                                 "--select-on-device, fused or not")
     ap.add_argument("out", type=Path, help="artifact directory to write (not ARTIFACT)")
     ap.add_argument("--weights", choices=["float", "int8"], default="float",
-                    help="int8: the layers' projections as 8-bit blocks of 32 (half the bytes a step reads)")
+                    help="int8: the layers' projections as 8-bit blocks of 32 (half their bytes)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:

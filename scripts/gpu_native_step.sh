@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The native decode step on a GPU, in one call of at most 9 minutes (an H200 with CUDA torch and the ONNX Runtime
-# GPU wheels importable; SITE=/tmp/site is put first on PYTHONPATH if it exists):
+# The native decode step on a CUDA GPU, bounded by HARD_S (530 s) (CUDA torch and onnxruntime-gpu importable;
+# SITE=/tmp/site, an extra import folder, is put first on PYTHONPATH if it exists):
 #   1. the real-size architecture on random weights, exported FP16 (gqa + selection in the graph, 4,096-token
 #      cache), fused for CUDA, then `quantize native-step` of the fused artifact, with FP16 and 8-bit weights
 #   2. every kernel of one decode step against its numpy twin, on a page's real state (check.json)
@@ -11,8 +11,8 @@
 #   6. as time allows: the decode-kernel microbenchmark against cuBLAS and SDPA (gpu_decode_kernels.py)
 # Results in $OUT: summary.json, bench.txt, profile.txt, run.log.
 #   scripts/gpu_native_step.sh
-#   scripts/gpu_native_step.sh --cpu-tiny   the same steps on the CPU with a tiny FP32 checkpoint and the numpy
-#                                           twins (checks the script)
+#   scripts/gpu_native_step.sh --cpu-tiny   steps 1, 3 and 5 on the CPU with a tiny FP32 checkpoint and the numpy
+#                                           twins (checks the script; the kernel check, profile and memory need CUDA)
 set -uo pipefail
 MODE=gpu
 [ "${1:-}" = "--cpu-tiny" ] && MODE=cpu

@@ -1,6 +1,6 @@
-"""The native decode step on a GPU with nothing but CUDA torch: no ONNX Runtime, no artifact, no wheels to stage.
+"""The native decode step on a GPU with nothing but CUDA torch: no ONNX Runtime, no artifact.
 
-    python scripts/gpu_native_step_torch.py --json OUT.json            on a CUDA machine (about 1-2 min)
+    python scripts/gpu_native_step_torch.py --json OUT.json            on a CUDA machine
     python scripts/gpu_native_step_torch.py --weights int8 ...         the projections as 8-bit blocks
     python scripts/gpu_native_step_torch.py --cpu --json OUT.json      tiny sizes on the CPU: the numpy twins
                                                                        instead of the CUDA kernels (checks this

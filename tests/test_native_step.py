@@ -517,3 +517,15 @@ def test_a_pass_refuses_an_out_folder_of_other_files(arts, tmp_path):
         native_step_artifact(arts["a"], out)
     assert (out / "secret.txt").stat().st_mode & 0o777 == 0o600
     assert sorted(p.name for p in out.iterdir()) == ["secret.txt"]
+
+
+def test_doctor_says_which_decode_step_runs(arts, capsys, monkeypatch):
+    from edgeocr.doctor import doctor, native_step_engine
+    monkeypatch.delenv("EDGEOCR_NATIVE_STEP", raising=False)
+    assert doctor(str(arts["a-native"]), None) == 0
+    assert "decode step" in capsys.readouterr().out
+    m = read(arts["a-native"])
+    assert native_step_engine(m, "cpu") == "ONNX Runtime's (the native step runs on CUDA)"
+    assert "FP16" in native_step_engine(m, "cuda")          # tiny-a's export is FP32
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
+    assert native_step_engine(m, "cuda") == "ONNX Runtime's (EDGEOCR_NATIVE_STEP=0)"

@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="quality of the written images, 1..95")
     ap.add_argument("--image-format", choices=sorted(IMAGE_FORMATS), default=GenOptions.image_format,
                     help="jpeg, or webp: measured on 12 clean 1,024-px pages (2026-12-05), WebP at quality 30 takes "
-                         "23 KiB a page at 36.0 dB PSNR, JPEG at 30 37 KiB at 33.9 dB (more pages a MiB to carry)")
+                         "23 KiB a page at 36.0 dB PSNR, JPEG at 30 37 KiB at 33.9 dB")
     ap.add_argument("--no-targets", action="store_true",
                     help='leave out "targets" (the HunyuanOCR output strings, derivable from "lines"): half the '
                          "size of labels.jsonl")
