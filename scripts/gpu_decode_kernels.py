@@ -51,11 +51,11 @@ LAYERS = 24
 
 
 # ------------------------------------------------------------------------------------------------ NVRTC
-def compile_cubin(source: str, arch: str, name: str = "decode_gemv.cu") -> bytes:
+def compile_cubin(source: str, arch: str, name: str = "decode_gemv.cu", defines: dict | None = None) -> bytes:
     """The source compiled for `arch` (e.g. sm_90) by NVRTC (edgeocr.backends.nvrtc, which gives it the kernels'
     headers); a compile error raises with NVRTC's log."""
     from edgeocr.backends.nvrtc import compile_cubin as nvrtc_compile
-    return nvrtc_compile(source, arch, name=name)
+    return nvrtc_compile(source, arch, defines=defines, name=name)
 
 
 VARIANTS = {"gemv": (("gemv", 1), ("gemv2", 2)), "swiglu": (("swiglu", 1),)}   # kernel, output rows per warp
@@ -135,12 +135,13 @@ def bench(args) -> dict:
     arch = f"sm_{props.major}{props.minor}"
     t = time.perf_counter()
     mod = Module(compile_cubin(KERNELS.read_text(), arch), kernel_names())
-    attn = Module(compile_cubin(ATTENTION.read_text(), arch, ATTENTION.name), ATTN_KERNELS)
+    attn = {c: Module(compile_cubin(ATTENTION.read_text(), arch, ATTENTION.name, {"CHUNK": c}), ATTN_KERNELS)
+            for c in args.chunks}
     out = {"device": props.name, "arch": arch, "sms": props.multi_processor_count,
            "nvrtc_compile_s": round(time.perf_counter() - t, 2), "torch": torch.__version__,
            "layers": LAYERS, "replays": args.replays, "bandwidth_gbs": args.bandwidth_gbs, "ops": {}}
     gen = torch.Generator(device=dev).manual_seed(0)
-    for name, (kind, n, k) in SHAPES.items():
+    for name, (kind, n, k) in ([] if args.only == "attention" else SHAPES.items()):
         layers = 1 if name == "lm_head" else LAYERS
         rows_w = 2 * n if kind == "swiglu" else n
         # weights [rows_w, k] row-major for the custom kernels; cuBLAS gets ONNX's layout, [k, rows_w]
@@ -193,7 +194,7 @@ def bench(args) -> dict:
                   f"x{row['speedup']}", flush=True)
         del w, w_onnx
         torch.cuda.empty_cache()
-    for m in args.slots:
+    for m in ([] if args.only == "attention" else args.slots):
         ops = out["ops"]
         # today: q|k|v, o, gate, up (the same shape as gate), SiLU and Mul (two elementwise kernels), down
         g = torch.randn(m, 3584, device=dev, dtype=torch.float16)
@@ -214,15 +215,17 @@ def bench(args) -> dict:
         print(f"per layer, M={m}: cuBLAS {cub:.2f} us (q|k|v, o, gate, up, SiLU, Mul, down)  custom {sum(cus):.2f} us "
               f"(q|k|v, o, SwiGLU, down): {(cub - sum(cus)) * LAYERS / 1e3:.3f} ms less per step", flush=True)
     for m in args.slots:
-        out["ops"][f"attention_m{m}"] = bench_attention(torch, attn, m, args)
+        for c in args.chunks:
+            out["ops"][f"attention_m{m}_chunk{c}"] = bench_attention(torch, attn[c], m, args, c)
     return out
 
 
-def bench_attention(torch, attn: Module, slots: int, args) -> dict:
-    """The custom split + combine kernels against SDPA over the same cache rows, 24 distinct caches."""
+def bench_attention(torch, attn: Module, slots: int, args, chunk: int = CHUNK) -> dict:
+    """The custom split + combine kernels (cache rows per block: `chunk`) against SDPA over the same cache rows,
+    24 distinct caches."""
     dev, depth = torch.device("cuda"), args.depth
-    assert CACHE_LEN % CHUNK == 0 and 1 <= depth <= CACHE_LEN, (CACHE_LEN, CHUNK, depth)
-    n_splits, scale = CACHE_LEN // CHUNK, HEAD_DIM ** -0.5
+    assert CACHE_LEN % chunk == 0 and 1 <= depth <= CACHE_LEN, (CACHE_LEN, chunk, depth)
+    n_splits, scale = CACHE_LEN // chunk, HEAD_DIM ** -0.5
     gen = torch.Generator(device=dev).manual_seed(1)
     shape = (slots, KV_HEADS, CACHE_LEN, HEAD_DIM)
     ks = [torch.randn(shape, device=dev, generator=gen, dtype=torch.float16) for _ in range(LAYERS)]
@@ -279,7 +282,8 @@ def bench_attention(torch, attn: Module, slots: int, args) -> dict:
             row[f"sdpa_{name}_error"] = f"{type(e).__name__}: {e}"[:200]
     sdpa_best = min((v for k_, v in row.items() if k_.startswith("sdpa_") and k_.endswith("_us")), default=None)
     row["sdpa_us"] = sdpa_best
-    print(f"attention M={slots} depth {depth}: floor {row['byte_floor_us']} us  custom {row['custom_us']} us "
+    row["chunk"] = chunk
+    print(f"attention M={slots} chunk {chunk} depth {depth}: floor {row['byte_floor_us']} us  custom {row['custom_us']} us "
           f"(2 kernels, max rel err {err:.2g}{'' if row['correct'] else ', WRONG'})  best fused SDPA "
           f"{sdpa_best} us", flush=True)
     return row
@@ -292,6 +296,8 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--bandwidth-gbs", type=float, default=4800.0, help="memory bandwidth for the byte floor")
     ap.add_argument("--depth", type=int, default=1221, help="attention: cache rows filled (<= 4,096)")
+    ap.add_argument("--chunks", type=int, nargs="+", default=[16, 32, 64], help="attention: cache rows per block")
+    ap.add_argument("--only", choices=["attention"], help="only the attention kernels")
     ap.add_argument("--compile-only", nargs="*", metavar="ARCH", help="only compile for these architectures")
     args = ap.parse_args(argv)
     if args.compile_only is not None:

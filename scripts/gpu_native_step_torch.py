@@ -171,8 +171,7 @@ def run(args, sz: dict, slots: int, torch, dev) -> dict:
     res = {"slots": slots, "weights": args.weights, "depth": depth, "kernels_per_step": len(plan),
            "build_s": round(build_s, 1)}
     if dev.type == "cuda":
-        step = ns.CudaStep(plan, {k: b.ptr for k, b in bufs.items()},
-                           {"SLOTS": slots, "HEAD_DIM": d, "GROUP": sz["nq"] // sz["kvh"]}, graph=True)
+        step = ns.CudaStep(plan, {k: b.ptr for k, b in bufs.items()}, ns.kernel_defines(dims, slots), graph=True)
         step.capture()
         step.run()
     else:
@@ -230,13 +229,18 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu", action="store_true", help="tiny sizes, numpy twins, on the CPU")
     ap.add_argument("--weights", choices=["float", "int8"], default="float",
                     help="int8: the projections as 8-bit blocks (quantize native-step --weights int8)")
+    ap.add_argument("--chunk", type=int, choices=[16, 32, 64], help="attention cache rows per block (default: the "
+                    "runtime's, edgeocr.backends.native_step.CHUNK)")
     args = ap.parse_args(argv)
+    if args.chunk:
+        ns.CHUNK = args.chunk               # before any plan: the splits follow it
     import torch
     dev = torch.device("cpu" if args.cpu else "cuda")
     sz = TINY if args.cpu else REAL
     if args.cpu:
         args.depth, args.cache_len = min(args.depth, 100), min(args.cache_len, 256)
-    out = {"device": "cpu" if args.cpu else torch.cuda.get_device_name(dev), "sizes": sz, "runs": []}
+    out = {"device": "cpu" if args.cpu else torch.cuda.get_device_name(dev), "sizes": sz, "chunk": ns.CHUNK,
+           "runs": []}
     for slots in args.slots:
         r = run(args, sz, slots, torch, dev)
         out["runs"].append(r)

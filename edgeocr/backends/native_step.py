@@ -40,7 +40,8 @@ log = logging.getLogger("edgeocr")
 
 ENV = "EDGEOCR_NATIVE_STEP"
 SELECT_PARTS = 64            # blocks per slot of the first argmax pass
-CHUNK = 64                   # cache rows per attention block (decode_attention.cu)
+CHUNK = 64                   # cache rows per attention block (decode_attention.cu's CHUNK); 16 and 32 were no faster
+                             # at 1 slot and slower at 8 (H200, scripts/gpu_decode_kernels.py, 2026-12-05)
 MAX_SLOTS = 8                # the GEMV kernels hold one accumulator per slot in registers
 
 
@@ -141,6 +142,11 @@ def step_plan(d: Dims, slots: int, sms: int = 1, state: bool = False) -> list[La
                     ("sel_val", "sel_idx", "next", i_(SELECT_PARTS), "live" if state else None,
                      "lens" if state else None))]
     return plan
+
+
+def kernel_defines(d: Dims, slots: int) -> dict[str, int]:
+    """The compile-time constants the kernels are built with for this decoder and slot count."""
+    return {"SLOTS": slots, "HEAD_DIM": d.head_dim, "GROUP": d.nq // d.kvh, "CHUNK": CHUNK}
 
 
 def scratch_shapes(d: Dims, slots: int, dtype) -> dict[str, tuple[tuple, object]]:
@@ -591,8 +597,7 @@ class NativeStepSession(GqaSession):
         self._sms = sms
         bufs = self._step_buffers()
         self._native = CudaStep(step_plan(d, n, sms, state=True), {k: b.ptr for k, b in bufs.items()},
-                                {"SLOTS": n, "HEAD_DIM": d.head_dim, "GROUP": d.nq // d.kvh},
-                                graph=self._native_graph)
+                                kernel_defines(d, n), graph=self._native_graph)
         self._native_bufs = bufs
         if self._native.graph:
             self._native.capture()               # at load, before any worker thread exists

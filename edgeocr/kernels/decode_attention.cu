@@ -30,7 +30,9 @@
 #ifndef GROUP
 #define GROUP 2            // query heads per key/value head (16 / 8 in HunyuanOCR's decoder)
 #endif
-#define CHUNK 64           // cache rows per block
+#ifndef CHUNK
+#define CHUNK 64           // cache rows per block (the runtime: edgeocr.backends.native_step.CHUNK)
+#endif
 #define DPL (HEAD_DIM / 32)  // dimensions per lane when a warp reads one cache row
 static_assert(HEAD_DIM % 32 == 0 && HEAD_DIM <= 128, "HEAD_DIM must be 32, 64, 96 or 128");
 #define WARPS 4
