@@ -31,9 +31,7 @@ gate|up or gate and up, down per layer), each checked against the manifest's siz
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -41,7 +39,6 @@ from pathlib import Path
 import numpy as np
 
 from edgeocr import artifact as af
-from edgeocr.errors import EdgeOCRError
 
 log = logging.getLogger("edgeocr.quantize")
 
@@ -295,25 +292,3 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
     say(f"wrote {out}: {len(tensors)} decoder weights in {WEIGHTS_FILE}, read by the graph as "
         f"{len(inputs)} inputs ({report['seconds']:.0f} s)")
     return new
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m quantize native-step", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("artifact", type=Path, help="FP16 or FP32 artifact exported with --attention gqa "
-                                                "--select-on-device, fused or not")
-    ap.add_argument("out", type=Path, help="artifact directory to write (not ARTIFACT)")
-    ap.add_argument("--weights", choices=["float", "int8"], default="float",
-                    help="int8: the layers' projections as 8-bit blocks of 32 (half their bytes)")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    try:
-        native_step_artifact(a.artifact, a.out, weights=a.weights)
-    except (ValueError, EdgeOCRError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -304,18 +304,8 @@ def test_a_steady_step_writes_nothing_from_the_host(arts, monkeypatch):
     sel = s.selection()
     assert type(sel).__name__ == "NativeStateSelection"
 
-    class Counting:
-        def __init__(self, inner):
-            self.inner, self.writes = inner, 0
-
-        def write(self, *a, **kw):
-            self.writes += 1
-            return self.inner.write(*a, **kw)
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
-    mem = s.mem = Counting(s.mem)
+    from test_step_state import _CountingMemory
+    mem = s.mem = _CountingMemory(s.mem)
     record, last, last_pos = [], np.zeros(s.slots, bool), np.zeros(s.slots, np.int64)
 
     class Counted:
