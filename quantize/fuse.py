@@ -100,19 +100,46 @@ def constants_to_initializers(model) -> int:
     return n
 
 
+COPY_ALIASES_UP_TO = 1 << 16      # bytes: an Identity alias of an initializer this small becomes a copy
+
+
 def fold_identities(model) -> int:
     """Identity nodes (the exporter's way of sharing one initializer between equal weights, e.g. norm weights
-    that are all ones) -> their consumers read the source directly."""
+    that are all ones) -> their consumers read the source directly.  An alias of an initializer of at most
+    COPY_ALIASES_UP_TO bytes (a norm's weight) becomes a copy under the alias's own name instead, so every named
+    weight of the exported graph keeps its name in the fused one (`quantize native-step` finds each layer's norms
+    by name); a large one (a tied lm_head) stays shared."""
+    from onnx import TensorProto, helper
+
     outputs = {o.name for o in model.graph.output}
+    inits = {i.name: i for i in model.graph.initializer}
     alias = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Identity" and n.output[0] not in outputs}
     if not alias:
         return 0
+
+    def root(x: str) -> str:
+        while x in alias:
+            x = alias[x]
+        return x
+
+    copied = set()
+    for out in list(alias):
+        src = inits.get(root(out))
+        if src is None or out in inits:
+            continue
+        size = int(np.prod(src.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(src.data_type).itemsize
+        if size <= COPY_ALIASES_UP_TO:
+            t = TensorProto()
+            t.CopyFrom(src)
+            t.name = out
+            model.graph.initializer.append(t)
+            copied.add(out)
+    folded = {k: root(v) for k, v in alias.items() if k not in copied}
     keep = [n for n in model.graph.node if not (n.op_type == "Identity" and n.output[0] in alias)]
     for n in keep:
         for i, x in enumerate(n.input):
-            while x in alias:
-                x = alias[x]
-            n.input[i] = x
+            if x in folded:
+                n.input[i] = folded[x]
     del model.graph.node[:]
     model.graph.node.extend(keep)
     return len(alias)

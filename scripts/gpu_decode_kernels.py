@@ -14,8 +14,9 @@ launch.  The per-layer sum compares what a fused decoder layer runs today (q|k|v
 separate cuBLAS GEMMs, then SiLU and Mul as two elementwise kernels) with the custom kernels (q|k|v, o, one
 SwiGLU kernel for gate|up with its activation, down).  Every custom result is checked against an FP32
 reference.  Attention: one new token per slot against a 4,096-row cache filled to DEPTH rows (default 1,221,
-the mean depth of a 256-token page after the 1,093-token prompt), 24 distinct caches, the custom split kernel
-and its combine against SDPA (GQA) over the same rows; ONNX Runtime's GroupQueryAttention took 12 us a layer
+the mean depth of a 256-token page after the 1,093-token prompt), 24 distinct caches, the custom kernel (split
+over the cache and combined in one launch, then checked at other depths, each slot at its own) against SDPA
+(GQA) over the same rows; ONNX Runtime's GroupQueryAttention took 12 us a layer
 for its decode kernel in docs/perf.md's profile.  The byte floor of each operation is the bytes it must read
 (weights; the cache rows) over the GPU's memory bandwidth (--bandwidth-gbs, default the H200's 4,800 GB/s).
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))            # edgeocr from the source tree
 KERNELS = Path(__file__).resolve().parents[1] / "edgeocr" / "kernels" / "decode_gemv.cu"
 ATTENTION = KERNELS.with_name("decode_attention.cu")
-ATTN_KERNELS = ("attn_split", "attn_combine")
+ATTN_KERNELS = ("attn_decode",)
 Q_HEADS, KV_HEADS, HEAD_DIM, CACHE_LEN, CHUNK = 16, 8, 128, 4096, 64     # CHUNK: decode_attention.cu's
 SLOTS = (1, 2, 4, 8)                   # the M values the source instantiates
 SPLITS = (1, 2, 4, 8)                  # KS: warps that share one output row
@@ -58,7 +59,9 @@ def compile_cubin(source: str, arch: str, name: str = "decode_gemv.cu", defines:
     return nvrtc_compile(source, arch, defines=defines, name=name)
 
 
-VARIANTS = {"gemv": (("gemv", 1), ("gemv2", 2)), "swiglu": (("swiglu", 1),)}   # kernel, output rows per warp
+# kernel, output rows per warp (tc_*: decode_gemv_tc.cu's tensor-core kernels, a warp per 16 rows)
+VARIANTS = {"gemv": (("gemv", 1), ("gemv2", 2), ("tc_gemv", 16)), "swiglu": (("swiglu", 1), ("tc_swiglu", 16))}
+GEMV_SOURCE = '#include "decode_gemv.cu"\n#include "decode_gemv_tc.cu"\n'
 
 
 def kernel_names() -> list[str]:
@@ -87,7 +90,7 @@ class Module:
 
     def launch(self, name: str, grid: int, x: int, w: int, y: int, n: int, k: int, stream: int) -> None:
         """A GEMV / SwiGLU kernel: 256 threads a block (SwiGLU: gate and up rows interleaved)."""
-        extra = [ctypes.c_int(2), ctypes.c_int(1)] if name.startswith("swiglu") else []
+        extra = [ctypes.c_int(2), ctypes.c_int(1)] if "swiglu" in name else []
         self.launch_args(name, (grid, 1, 1), 256, stream, [ctypes.c_void_p(x), ctypes.c_void_p(w),
                                                           ctypes.c_void_p(y), ctypes.c_int(n), ctypes.c_int(k),
                                                           *extra])
@@ -134,7 +137,7 @@ def bench(args) -> dict:
     props = torch.cuda.get_device_properties(dev)
     arch = f"sm_{props.major}{props.minor}"
     t = time.perf_counter()
-    mod = Module(compile_cubin(KERNELS.read_text(), arch), kernel_names())
+    mod = Module(compile_cubin(GEMV_SOURCE, arch, "decode_gemvs.cu"), kernel_names())
     attn = {c: Module(compile_cubin(ATTENTION.read_text(), arch, ATTENTION.name, {"CHUNK": c}), ATTN_KERNELS)
             for c in args.chunks}
     out = {"device": props.name, "arch": arch, "sms": props.multi_processor_count,
@@ -221,8 +224,8 @@ def bench(args) -> dict:
 
 
 def bench_attention(torch, attn: Module, slots: int, args, chunk: int = CHUNK) -> dict:
-    """The custom split + combine kernels (cache rows per block: `chunk`) against SDPA over the same cache rows,
-    24 distinct caches."""
+    """The custom attention kernel (cache rows per block: `chunk`) against SDPA over the same cache rows, 24
+    distinct caches."""
     dev, depth = torch.device("cuda"), args.depth
     assert CACHE_LEN % chunk == 0 and 1 <= depth <= CACHE_LEN, (CACHE_LEN, chunk, depth)
     n_splits, scale = CACHE_LEN // chunk, HEAD_DIM ** -0.5
@@ -235,23 +238,21 @@ def bench_attention(torch, attn: Module, slots: int, args, chunk: int = CHUNK) -
     part_o = torch.empty(slots, Q_HEADS, n_splits, HEAD_DIM, device=dev, dtype=torch.float32)
     part_ml = torch.empty(slots, Q_HEADS, n_splits, 2, device=dev, dtype=torch.float32)
     o = torch.empty(slots, Q_HEADS, HEAD_DIM, device=dev, dtype=torch.float16)
+    count = torch.zeros(slots, KV_HEADS, device=dev, dtype=torch.int32)
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
-    def run_custom(k, v, stream):
-        attn.launch_args("attn_split", (KV_HEADS, n_splits, slots), 128, stream,
+    def run_one(k, v, stream):
+        attn.launch_args("attn_decode", (KV_HEADS, n_splits, slots), 128, stream,
                          [ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(v.data_ptr()),
                           ctypes.c_void_p(lens.data_ptr()), ctypes.c_void_p(part_o.data_ptr()),
-                          ctypes.c_void_p(part_ml.data_ptr()), ctypes.c_float(scale), ctypes.c_int(CACHE_LEN),
+                          ctypes.c_void_p(part_ml.data_ptr()), ctypes.c_void_p(count.data_ptr()),
+                          ctypes.c_void_p(o.data_ptr()), ctypes.c_float(scale), ctypes.c_int(CACHE_LEN),
                           ctypes.c_int(n_splits), ctypes.c_int(0)])
-        attn.launch_args("attn_combine", (Q_HEADS, slots, 1), 128, stream,
-                         [ctypes.c_void_p(part_o.data_ptr()), ctypes.c_void_p(part_ml.data_ptr()),
-                          ctypes.c_void_p(lens.data_ptr()), ctypes.c_void_p(o.data_ptr()), ctypes.c_int(n_splits),
-                          ctypes.c_int(0)])
 
-    def custom():
+    def one_kernel():
         st = torch.cuda.current_stream().cuda_stream
         for k, v in zip(ks, vs):
-            run_custom(k, v, st)
+            run_one(k, v, st)
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -259,17 +260,38 @@ def bench_attention(torch, attn: Module, slots: int, args, chunk: int = CHUNK) -
         for k, v in zip(ks, vs):
             sdpa(q[:, :, None], k[:, :, :depth], v[:, :, :depth], scale=scale, enable_gqa=True)
 
-    run_custom(ks[0], vs[0], torch.cuda.current_stream().cuda_stream)
-    torch.cuda.synchronize()
     kf = ks[0][:, :, :depth].float().repeat_interleave(Q_HEADS // KV_HEADS, dim=1)
     vf = vs[0][:, :, :depth].float().repeat_interleave(Q_HEADS // KV_HEADS, dim=1)
     p = torch.softmax((q.float()[:, :, None] @ kf.transpose(-1, -2)) * scale, dim=-1)
     ref = (p @ vf)[:, :, 0]
+    o.zero_()
+    run_one(ks[0], vs[0], torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
     err = float((o.float() - ref).abs().max() / ref.abs().max())
     row = {"slots": slots, "depth": depth, "cache_len": CACHE_LEN, "max_rel_err": round(err, 6),
            "correct": err < 2e-2,
            "byte_floor_us": round(2 * slots * KV_HEADS * depth * HEAD_DIM * 2 / (args.bandwidth_gbs * 1e9) * 1e6, 2),
-           "custom_us": round(_time_graph(torch, custom, args.replays) / LAYERS * 1e6, 2)}
+           "custom_us": round(_time_graph(torch, one_kernel, args.replays) / LAYERS * 1e6, 2)}
+    # the kernel at other depths, each slot at its own (one block, a block's edge, a partial last block, the
+    # whole cache), twice in a row (the counters must be back at 0 for the second)
+    worst = 0.0
+    for d0 in (1, 40, 64, 65, 1093, CACHE_LEN):
+        dl = [max(1, min(CACHE_LEN, d0 - 37 * i)) for i in range(slots)]
+        lens.copy_(torch.tensor(dl, dtype=torch.int32))
+        for _ in range(2):
+            o.zero_()
+            run_one(ks[1], vs[1], torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        for i, di in enumerate(dl):
+            kf = ks[1][i, :, :di].float().repeat_interleave(Q_HEADS // KV_HEADS, dim=0)
+            vf = vs[1][i, :, :di].float().repeat_interleave(Q_HEADS // KV_HEADS, dim=0)
+            p = torch.softmax((q[i].float()[:, None] @ kf.transpose(-1, -2)) * scale, dim=-1)
+            r = (p @ vf)[:, 0]
+            worst = max(worst, float((o[i].float() - r).abs().max() / r.abs().max()))
+    lens.fill_(depth)
+    row["depths_max_rel_err"] = round(worst, 6)
+    row["count_left"] = int(count.abs().sum())                  # every (slot, head) counter back at 0
+    row["correct"] = row["correct"] and worst < 2e-2 and row["count_left"] == 0
     # SDPA on each of its fused backends that takes this call (the math fallback would copy k/v per group)
     for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION),
                           ("cudnn", SDPBackend.CUDNN_ATTENTION)):
@@ -283,9 +305,10 @@ def bench_attention(torch, attn: Module, slots: int, args, chunk: int = CHUNK) -
     sdpa_best = min((v for k_, v in row.items() if k_.startswith("sdpa_") and k_.endswith("_us")), default=None)
     row["sdpa_us"] = sdpa_best
     row["chunk"] = chunk
-    print(f"attention M={slots} chunk {chunk} depth {depth}: floor {row['byte_floor_us']} us  custom {row['custom_us']} us "
-          f"(2 kernels, max rel err {err:.2g}{'' if row['correct'] else ', WRONG'})  best fused SDPA "
-          f"{sdpa_best} us", flush=True)
+    print(f"attention M={slots} chunk {chunk} depth {depth}: floor {row['byte_floor_us']} us  "
+          f"custom {row['custom_us']} us "
+          f"(max rel err {err:.2g}, other depths {worst:.2g}, counters left {row['count_left']}"
+          f"{'' if row['correct'] else ', WRONG'})  best fused SDPA {sdpa_best} us", flush=True)
     return row
 
 
@@ -303,7 +326,7 @@ def main(argv=None) -> int:
     if args.compile_only is not None:
         for arch in args.compile_only or ["sm_90"]:
             t = time.perf_counter()
-            cubin = compile_cubin(KERNELS.read_text(), arch)
+            cubin = compile_cubin(GEMV_SOURCE, arch, "decode_gemvs.cu")
             cubin_attn = compile_cubin(ATTENTION.read_text(), arch, ATTENTION.name)
             missing = [n for n in kernel_names() if n.encode() not in cubin]
             missing += [n for n in ATTN_KERNELS if n.encode() not in cubin_attn]

@@ -2,7 +2,8 @@
 # The native decode step on a CUDA GPU, bounded by HARD_S (530 s) (CUDA torch and onnxruntime-gpu importable;
 # SITE=/tmp/site, an extra import folder, is put first on PYTHONPATH if it exists):
 #   1. the real-size architecture on random weights, exported FP16 (gqa + selection in the graph, 4,096-token
-#      cache), fused for CUDA, then `quantize native-step` of the fused artifact, with FP16 and 8-bit weights
+#      cache), fused for CUDA, then `quantize native-step` of the fused artifact (NATIVE_FROM=export: of the
+#      exported one), with FP16 and 8-bit weights
 #   2. every kernel of one decode step against its numpy twin, on a page's real state (check.json)
 #   3. `edgeocr bench` of both native-step artifacts with the native step and with ONNX Runtime's step
 #      (EDGEOCR_NATIVE_STEP=1 / 0: the same weights, the same prefill), and of the fused artifact they were made from
@@ -55,8 +56,8 @@ fi
   --attention gqa --select-on-device $EXPORT_ARGS
 rm -rf $W/fused $W/native $W/native8
 step fuse $PY -m quantize fuse $W/export $W/fused --target $TARGET
-step native $PY -m quantize native-step $W/fused $W/native
-step native8 $PY -m quantize native-step $W/fused $W/native8 --weights int8
+step native $PY -m quantize native-step $W/${NATIVE_FROM:-fused} $W/native
+step native8 $PY -m quantize native-step $W/${NATIVE_FROM:-fused} $W/native8 --weights int8
 
 # 2. each kernel against its numpy twin, after a page's prefill and 16 steps
 step check env EDGEOCR_NATIVE_STEP=$NATIVE $PY - "$R/check.json" $W/native $DEV "$IMG" <<'EOF'

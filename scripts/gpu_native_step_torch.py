@@ -166,10 +166,12 @@ def run(args, sz: dict, slots: int, torch, dev) -> dict:
         bufs[f"k.{i}"], bufs[f"v.{i}"] = TorchBuf(kv[i].clone()), TorchBuf(kv[L + i].clone())
     for name, (shape, dtype) in ns.scratch_shapes(dims, slots, np.float16).items():
         bufs[name] = TorchBuf(torch.zeros(shape, device=dev, dtype=getattr(torch, np.dtype(dtype).name)))
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
-    plan = ns.step_plan(dims, slots, sms, state=True)
+    props = torch.cuda.get_device_properties(dev) if dev.type == "cuda" else None
+    sms = props.multi_processor_count if props else 1
+    tc = args.gemv == "tensor-cores" and props is not None and props.major >= 8
+    plan = ns.step_plan(dims, slots, sms, state=True, tensor_cores=tc)
     res = {"slots": slots, "weights": args.weights, "depth": depth, "kernels_per_step": len(plan),
-           "build_s": round(build_s, 1)}
+           "gemv": "tensor-cores" if tc else "cuda-cores", "build_s": round(build_s, 1)}
     if dev.type == "cuda":
         step = ns.CudaStep(plan, {k: b.ptr for k, b in bufs.items()}, ns.kernel_defines(dims, slots), graph=True)
         step.capture()
@@ -231,6 +233,10 @@ def main(argv=None) -> int:
                     help="int8: the projections as 8-bit blocks (quantize native-step --weights int8)")
     ap.add_argument("--chunk", type=int, choices=[16, 32, 64], help="attention cache rows per block (default: the "
                     "runtime's, edgeocr.backends.native_step.CHUNK)")
+    ap.add_argument("--gemv", choices=["tensor-cores", "cuda-cores"],
+                    default="tensor-cores" if ns.TENSOR_CORES else "cuda-cores",
+                    help="the GEMV kernels: decode_gemv_tc.cu's (sm_80 and later) or decode_gemv.cu's (default: the "
+                    "runtime's, edgeocr.backends.native_step.TENSOR_CORES)")
     args = ap.parse_args(argv)
     if args.chunk:
         ns.CHUNK = args.chunk               # before any plan: the splits follow it
@@ -240,6 +246,7 @@ def main(argv=None) -> int:
     if args.cpu:
         args.depth, args.cache_len = min(args.depth, 100), min(args.cache_len, 256)
     out = {"device": "cpu" if args.cpu else torch.cuda.get_device_name(dev), "sizes": sz, "chunk": ns.CHUNK,
+           "gemv": args.gemv,
            "runs": []}
     for slots in args.slots:
         r = run(args, sz, slots, torch, dev)

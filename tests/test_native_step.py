@@ -183,16 +183,16 @@ def test_the_pass_refuses_what_the_step_cannot_run(ckpt_b, arts, tmp_path):
         native_step_artifact(tmp_path / "w8", tmp_path / "z")
 
 
-def test_the_plan_is_nine_kernels_a_layer(arts):
-    """What the CUDA graph replays: embedding and first norm, 9 kernels a layer, lm_head and a two-pass selection
+def test_the_plan_is_eight_kernels_a_layer(arts):
+    """What the CUDA graph replays: embedding and first norm, 8 kernels a layer, lm_head and a two-pass selection
     (ONNX Runtime's fused step: 15 a layer and 63 outside them, docs/perf.md)."""
     from edgeocr.backends.native_step import Dims, step_plan
     d = Dims(layers=24, hidden=1024, inter=3584, nq=16, kvh=8, head_dim=128, vocab=120818, cache_len=4096,
              eps=1e-5, lm_head="embed")
     plan = step_plan(d, 1, sms=132)
-    assert len(plan) == 2 + 9 * 24 + 3 == 221
+    assert len(plan) == 2 + 8 * 24 + 3 == 197
     plan = step_plan(d, 1, sms=132, state=True)       # the runtime's: its inputs from the device state
-    assert len(plan) == 222 and plan[0].kernel == "step_begin"
+    assert len(plan) == 198 and plan[0].kernel == "step_begin"
     # every GEMV grid covers its rows: rows per block = 8 warps / KS
     for launch in plan:
         if launch.kernel in ("gemv", "gemvf", "swiglu"):
@@ -200,23 +200,52 @@ def test_the_plan_is_nine_kernels_a_layer(arts):
             assert launch.grid[0] * (8 // ks) >= rows > (launch.grid[0] - 1) * (8 // ks)
 
 
-@pytest.mark.parametrize("arch", ["sm_87", "sm_89", "sm_90"])
+@pytest.mark.parametrize("arch", ["sm_75", "sm_87", "sm_89", "sm_90"])
 def test_the_kernels_compile_for_orin_ada_and_hopper(arch):
     """NVRTC compiles the step's kernels for the real decoder's shape and a tiny one, and every symbol a plan
-    launches is in the cubin."""
+    launches is in the cubin: the tensor-core GEMVs from sm_80 on, the CUDA-core ones everywhere (sm_75: the
+    tensor-core file compiles to nothing)."""
     from edgeocr.backends import nvrtc
-    from edgeocr.backends.native_step import SOURCE, Dims, step_plan
-    for slots, head, group in ((1, 128, 2), (3, 32, 2)):
+    from edgeocr.backends.native_step import SOURCE, TC_MIN_SLOTS, Dims, step_plan
+    with_tc = int(arch[3:]) >= 80
+    for slots, head, group in ((1, 128, 2), (TC_MIN_SLOTS, 32, 2)):
         cubin = nvrtc.compile_cubin(SOURCE, arch, {"SLOTS": slots, "HEAD_DIM": head, "GROUP": group})
         d = Dims(layers=2, hidden=256, inter=512, nq=2 * group, kvh=2, head_dim=head, vocab=1000, cache_len=512,
                  eps=1e-5, lm_head="embed")
         from dataclasses import replace
         for sms in (16, 132):
-            symbols = {launch.symbol for q8 in (False, True)
-                       for launch in step_plan(replace(d, q8=q8), slots, sms, state=True)}
-            missing = {s for s in symbols if s.encode() not in cubin}
-            assert not missing and "step_begin" in symbols, missing
-            assert any(s.startswith(f"swiglu_q8_m{slots}_") for s in symbols), symbols
+            for tc in (False, True) if with_tc else (False,):
+                symbols = {launch.symbol for q8 in (False, True)
+                           for launch in step_plan(replace(d, q8=q8), slots, sms, state=True, tensor_cores=tc)}
+                missing = {s for s in symbols if s.encode() not in cubin}
+                assert not missing and "step_begin" in symbols, missing
+                pre = "tc_" if tc and slots >= TC_MIN_SLOTS else ""
+                assert any(s.startswith(f"{pre}swiglu_q8_m{slots}_") for s in symbols), symbols
+                assert any(s.startswith(f"{pre}gemvf_m{slots}_") for s in symbols), symbols
+        assert (b"tc_gemv_m" in cubin) == with_tc
+    assert TC_MIN_SLOTS > 1
+
+
+def test_tensor_core_gemvs_cover_their_rows():
+    """A tensor-core GEMV's grid covers its rows (16 a warp, 8 / KS warps a block) and takes them only where the
+    reduction size is a multiple of 32 and the step has TC_MIN_SLOTS slots or more; the rest stay on the CUDA-core
+    kernels."""
+    from edgeocr.backends.native_step import Dims, step_plan
+    d = Dims(layers=2, hidden=1024, inter=3584, nq=16, kvh=8, head_dim=128, vocab=120818, cache_len=4096,
+             eps=1e-5, lm_head="embed")
+    plan = step_plan(d, 8, sms=132, state=True, tensor_cores=True)
+    gemvs = [launch for launch in plan if launch.kernel in ("gemv", "gemvf", "swiglu")]
+    assert gemvs and all(launch.symbol.startswith("tc_") for launch in gemvs)
+    for launch in gemvs:
+        rows, ks = launch.args[3][1], int(launch.symbol.rsplit("ks", 1)[1])
+        per_block = 16 * (8 // ks)
+        assert launch.grid[0] * per_block >= rows > (launch.grid[0] - 1) * per_block
+    from dataclasses import replace
+    odd = step_plan(replace(d, hidden=1000, inter=3000), 8, sms=132, state=True, tensor_cores=True)
+    by_k = {launch.args[4][1]: launch.symbol for launch in odd if launch.kernel in ("gemv", "swiglu")}
+    assert not by_k[1000].startswith("tc_") and not by_k[3000].startswith("tc_") and by_k[2048].startswith("tc_")
+    one = step_plan(d, 1, sms=132, state=True, tensor_cores=True)
+    assert not any(launch.symbol.startswith("tc_") for launch in one)
 
 
 def test_where_the_cuda_kernels_apply():
@@ -269,8 +298,9 @@ def test_the_kernel_check_compares_each_launch_with_its_twin(arts, q8_arts, weig
     unused = {"gemv", "swiglu"} if weights == "int8" else {"gemv_q8", "swiglu_q8"}
     assert kinds == set(ns.OUTPUTS) - unused, kinds
     # the state's inputs (seen, ids, cos, sin); embedding, first norm (x, xn); a layer: q|k|v, RoPE (q, k, v),
-    # attention, o, norm (x, xn), SwiGLU, down, norm (x, xn); lm_head; selection (next, rows)
-    assert len(rows) == 4 + 1 + 2 + s.dims.layers * (1 + 3 + 1 + 1 + 2 + 1 + 1 + 2) + 1 + 2
+    # attention (its counters, back at 0, and its output), o, norm (x, xn), SwiGLU, down, norm (x, xn); lm_head;
+    # selection (next, rows)
+    assert len(rows) == 4 + 1 + 2 + s.dims.layers * (1 + 3 + 2 + 1 + 2 + 1 + 1 + 2) + 1 + 2
     assert all(r.get("mismatches", 0) == 0 and r.get("max_rel_err", 0) == 0 for r in rows), rows
 
 
@@ -519,3 +549,41 @@ def test_doctor_says_which_decode_step_runs(arts, capsys, monkeypatch):
     assert "FP16" in native_step_engine(m, "cuda")          # tiny-a's export is FP32
     monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
     assert native_step_engine(m, "cuda") == "ONNX Runtime's (EDGEOCR_NATIVE_STEP=0)"
+
+
+def test_a_fused_decoder_whose_norms_are_equal_keeps_their_names(ckpt_a, tmp_path):
+    """The exporter shares one initializer between equal weights (Identity aliases), as a random-weight real-size
+    checkpoint's all-ones norms are; the fusion keeps each small alias as a copy under its own name, so the native
+    step's pass finds every layer's norm in the fused graph (it stopped at decoder.layers.0.ln1 before)."""
+    import shutil
+
+    import onnx
+    from safetensors.numpy import load_file, save_file
+
+    from quantize.fuse import FuseOptions, fuse_artifact
+    from quantize.native_step import native_step_artifact
+    ck = tmp_path / "ones"
+    shutil.copytree(ckpt_a, ck)
+    for f in ck.glob("*.safetensors"):
+        w = load_file(str(f))
+        for name in w:
+            if "language_model" in name or name.startswith("model.layers") or ".norm" in name:
+                if w[name].ndim == 1 and "norm" in name:
+                    w[name] = np.ones_like(w[name])
+        save_file(w, str(f), metadata={"format": "pt"})
+    exp = _export(ck, tmp_path / "exp", slots=1, attention="gqa", select_on_device=True)
+    g = onnx.load(str(exp / read(exp).decoder.file), load_external_data=False).graph
+    assert any(n.op_type == "Identity" and n.output[0] == "decoder.layers.0.ln1" for n in g.node) or \
+        "decoder.layers.0.ln1" not in {i.name for i in g.initializer}, "the exporter no longer shares equal weights"
+    fuse_artifact(exp, tmp_path / "fused", FuseOptions(target="portable"))
+    fg = onnx.load(str(tmp_path / "fused" / read(tmp_path / "fused").decoder.file), load_external_data=False).graph
+    names = {i.name for i in fg.initializer}
+    layers = read(exp).model["text"]["num_layers"]
+    assert {f"decoder.layers.{i}.{n}" for i in range(layers) for n in ("ln1", "ln2", "qn", "kn")} <= names
+    assert not any(n.op_type == "Identity" for n in fg.node)
+    native_step_artifact(tmp_path / "fused", tmp_path / "native")
+    spec = read(tmp_path / "native").decoder.native_step
+    raw = np.memmap(tmp_path / "native" / spec["file"], dtype=np.uint8, mode="r")
+    t = spec["tensors"]["layers.1.ln2"]
+    ln2 = raw[t["offset"]:t["offset"] + 4 * t["shape"][0]].view(np.float32)
+    assert (ln2 == 1).all()

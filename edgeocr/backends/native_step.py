@@ -1,4 +1,4 @@
-"""edgeocr's own decode step: the decoder's step for N slots as ~9 kernels a layer (edgeocr/kernels), captured in
+"""edgeocr's own decode step: the decoder's step for N slots as 8 kernels a layer (edgeocr/kernels), captured in
 one CUDA graph, beside ONNX Runtime, which keeps the vision encoder and the prefill.
 
 An artifact made by `python -m quantize native-step` holds the decoder's weights once, in decoder_step.bin, in
@@ -7,8 +7,11 @@ into its own buffers, binds them to the graph for every prefill, and runs each d
 `step_plan` builds, over the session's own step buffers (ids, cos/sin, seqlens_k, seen, penalty -> next token,
 logits) and its static KV cache, which the prefill wrote.
 
-    per layer  q|k|v GEMV, RoPE + Q/K-norm + cache append, split attention, its combine, o GEMV,
-               residual + RMSNorm, SwiGLU GEMV (gate|up with its activation), down GEMV, residual + RMSNorm
+    per layer  q|k|v GEMV, RoPE + Q/K-norm + cache append, attention (split over the cache, its splits
+               combined by the last block to finish), o GEMV, residual + RMSNorm, SwiGLU GEMV (gate|up with its
+               activation), down GEMV, residual + RMSNorm
+    GEMVs      on tensor cores (decode_gemv_tc.cu, sm_80 and later: every weight read once for all slots) where
+               the reduction size is a multiple of 32, else on the CUDA cores (decode_gemv.cu)
     around     embedding rows and the first RMSNorm; the lm_head GEMV (fp32 logits), the repetition penalty
                and the argmax in two passes
 
@@ -42,7 +45,13 @@ ENV = "EDGEOCR_NATIVE_STEP"
 SELECT_PARTS = 64            # blocks per slot of the first argmax pass
 CHUNK = 64                   # cache rows per attention block (decode_attention.cu's CHUNK); 16 and 32 were no faster
                              # at 1 slot and slower at 8 (H200, scripts/gpu_decode_kernels.py, 2026-12-05)
-MAX_SLOTS = 8                # the GEMV kernels hold one accumulator per slot in registers
+MAX_SLOTS = 8                # the GEMV kernels hold one accumulator per slot in registers (the tensor-core ones:
+                             # the 8 columns of an m16n8k16 product)
+TENSOR_CORES = True          # the GEMVs on tensor cores (decode_gemv_tc.cu) where the GPU has mma.sync m16n8k16
+                             # (sm_80 and later) and the reduction size is a multiple of 32
+TC_MIN_SLOTS = 4             # ... for this many slots and more: at 1 slot the CUDA-core GEMVs are faster (H200: q|k|v
+                             # 4.1 us against 4.5, down 3.9 against 5.9), at 8 slower (6.6 against 4.7, SwiGLU 12.6
+                             # against 6.7; scripts/gpu_decode_kernels.py, 2026-12-05)
 
 
 @dataclass(frozen=True)
@@ -94,20 +103,33 @@ def _ks(n: int, sms: int) -> int:
     return 8
 
 
-def step_plan(d: Dims, slots: int, sms: int = 1, state: bool = False) -> list[Launch]:
+def _ks_tc(n: int, sms: int) -> int:
+    """Warps that share one 16-row tile of a tensor-core GEMV: the fewest that still give every multiprocessor two
+    blocks."""
+    for ks in (1, 2, 4, 8):
+        if -(-n // (16 * (8 // ks))) >= 2 * sms:
+            return ks
+    return 8
+
+
+def step_plan(d: Dims, slots: int, sms: int = 1, state: bool = False, tensor_cores: bool = False) -> list[Launch]:
     """The decode step of `slots` slots as a launch list (module doc).  sms: the GPU's multiprocessor count (it
     picks how many warps share a GEMV row).  state: the step takes its inputs from the device state (step_begin:
-    the last step's tokens, the RoPE table's rows at each slot's row) and advances each live slot's row itself."""
+    the last step's tokens, the RoPE table's rows at each slot's row) and advances each live slot's row itself.
+    tensor_cores: the GEMVs whose reduction size is a multiple of 32 as decode_gemv_tc.cu's kernels (sm_80 and
+    later), the others as decode_gemv.cu's."""
     n = slots
     i_, f_ = (lambda v: ("i", int(v))), (lambda v: ("f", float(v)))
 
     def gemv(kind: str, w: str, x: str, y: str, rows: int, k: int, extra=()) -> Launch:
-        ks = _ks(rows, sms)
-        grid = (-(-rows // (8 // ks)),)
+        tc = tensor_cores and n >= TC_MIN_SLOTS and k % 32 == 0
+        ks = _ks_tc(rows, sms) if tc else _ks(rows, sms)
+        grid = (-(-rows // (16 * (8 // ks) if tc else 8 // ks)),)
+        pre = "tc_" if tc else ""
         if d.q8 and w != f"w.{d.lm_head}":         # a layer's projection: 8-bit weights and their scales
-            return Launch(kind + "_q8", f"{kind}_q8_m{n}_ks{ks}", grid, (256,),
+            return Launch(kind + "_q8", f"{pre}{kind}_q8_m{n}_ks{ks}", grid, (256,),
                           (x, w, w + ".scales", y, i_(rows), i_(k), *extra))
-        return Launch(kind, f"{kind}_m{n}_ks{ks}", grid, (256,), (x, w, y, i_(rows), i_(k), *extra))
+        return Launch(kind, f"{pre}{kind}_m{n}_ks{ks}", grid, (256,), (x, w, y, i_(rows), i_(k), *extra))
 
     def norm(delta, gamma: str) -> Launch:
         return Launch("add_rmsnorm", "add_rmsnorm", (n,), (256,), ("x", delta, gamma, "xn", i_(d.hidden), f_(d.eps)))
@@ -124,11 +146,9 @@ def step_plan(d: Dims, slots: int, sms: int = 1, state: bool = False) -> list[La
             Launch("rope_qknorm_append", "rope_qknorm_append", (d.nq + 2 * d.kvh, n), (d.head_dim,),
                    ("qkv", "cos", "sin", w + "qn", w + "kn", "lens", f"k.{li}", f"v.{li}", "q", i_(d.nq), i_(d.kvh),
                     i_(d.cache_len), f_(d.eps))),
-            Launch("attn_split", "attn_split", (d.kvh, d.splits, n), (128,),
-                   ("q", f"k.{li}", f"v.{li}", "lens", "part_o", "part_ml", f_(d.head_dim ** -0.5), i_(d.cache_len),
-                    i_(d.splits), i_(1))),
-            Launch("attn_combine", "attn_combine", (d.nq, n), (128,),
-                   ("part_o", "part_ml", "lens", "attn", i_(d.splits), i_(1))),
+            Launch("attn_decode", "attn_decode", (d.kvh, d.splits, n), (128,),
+                   ("q", f"k.{li}", f"v.{li}", "lens", "part_o", "part_ml", "attn_count", "attn",
+                    f_(d.head_dim ** -0.5), i_(d.cache_len), i_(d.splits), i_(1))),
             gemv("gemv", w + "o", "attn", "delta", d.hidden, d.nq * d.head_dim),
             norm("delta", w + "ln2"),
             gemv("swiglu", w + "gate_up", "xn", "act", d.inter, d.hidden, (i_(1), i_(d.inter))),
@@ -156,6 +176,7 @@ def scratch_shapes(d: Dims, slots: int, dtype) -> dict[str, tuple[tuple, object]
             "q": ((n, d.nq * d.head_dim), dtype), "attn": ((n, d.nq * d.head_dim), dtype),
             "delta": ((n, d.hidden), dtype), "act": ((n, d.inter), dtype),
             "part_o": ((n, d.nq, d.splits, d.head_dim), np.float32), "part_ml": ((n, d.nq, d.splits, 2), np.float32),
+            "attn_count": ((n, d.kvh), np.int32),
             "sel_val": ((n, SELECT_PARTS), np.float32), "sel_idx": ((n, SELECT_PARTS), np.int32)}
 
 
@@ -166,7 +187,6 @@ class NumpyStep:
 
     def __init__(self, plan: list[Launch], bufs: dict[str, np.ndarray], dtype):
         self.plan, self.b, self.dt = plan, bufs, np.dtype(dtype)
-        self._attn: dict[int, np.ndarray] = {}
 
     def run(self) -> None:
         for launch in self.plan:
@@ -237,11 +257,10 @@ class NumpyStep:
             kc[s_, :, pos] = ko[s_]
             vc[s_, :, pos] = qkv[s_].reshape(nq + 2 * kvh, dh)[nq + kvh:]
 
-    def k_attn_split(self, L, q, kc, vc, lens, part_o, part_ml, scale, cache_len, n_splits, len_add):
+    def k_attn_decode(self, L, q, kc, vc, lens, part_o, part_ml, count, o, scale, cache_len, n_splits, len_add):
         n, kvh, _, dh = kc.shape
         nq = q.shape[1] // dh
         g = nq // kvh
-        out = np.zeros((n, nq, dh), np.float32)
         for s_ in range(n):
             t = min(int(lens[s_]) + len_add, cache_len)
             qs = self.f(q[s_]).reshape(kvh, g, dh)
@@ -249,12 +268,7 @@ class NumpyStep:
             sc = np.einsum("hgd,htd->hgt", qs, kk) * np.float32(scale)
             p = np.exp(sc - sc.max(-1, keepdims=True))
             p /= p.sum(-1, keepdims=True)
-            out[s_] = np.einsum("hgt,htd->hgd", p, vv).reshape(nq, dh)
-        self._attn[id(L)] = out
-
-    def k_attn_combine(self, L, part_o, part_ml, lens, o, n_splits, len_add):
-        # the numpy twin computes the whole attention in attn_split; the plan pairs each split with its combine
-        o[...] = self._attn.pop(next(iter(self._attn))).reshape(o.shape)
+            o[s_] = np.einsum("hgt,htd->hgd", p, vv).reshape(nq * dh)
 
     def k_select_partial(self, L, logits, seen, penalty, val, idx, v):
         pass                                    # the numpy twin selects in one pass (select_final)
@@ -280,9 +294,10 @@ class NumpyStep:
 # ---------------------------------------------------------------------------------------------- CUDA
 # what each kernel writes (argument positions) that its numpy twin computes too
 OUTPUTS = {"step_begin": (5, 6, 7, 8), "embed_rows": (2,), "add_rmsnorm": (0, 3), "gemv": (2,), "gemvf": (2,),
-           "swiglu": (2,), "gemv_q8": (3,), "swiglu_q8": (3,), "rope_qknorm_append": (6, 7, 8), "attn_combine": (3,),
+           "swiglu": (2,), "gemv_q8": (3,), "swiglu_q8": (3,), "rope_qknorm_append": (6, 7, 8), "attn_decode": (6, 7),
            "select_final": (2, 5)}
-SOURCE = '#include "decode_gemv.cu"\n#include "decode_attention.cu"\n#include "decode_step.cu"\n'
+SOURCE = ('#include "decode_gemv.cu"\n#include "decode_gemv_tc.cu"\n#include "decode_attention.cu"\n'
+          '#include "decode_step.cu"\n')
 
 
 class CudaStep:
@@ -593,14 +608,17 @@ class NativeStepSession(GqaSession):
             self._native_bufs = bufs
             return
         from edgeocr.backends import nvrtc
-        _, sms = nvrtc.device_arch()
-        self._sms = sms
+        arch, sms = nvrtc.device_arch()
+        self._sms, self._tc = sms, TENSOR_CORES and int(arch[3:]) >= 80
         bufs = self._step_buffers()
-        self._native = CudaStep(step_plan(d, n, sms, state=True), {k: b.ptr for k, b in bufs.items()},
-                                kernel_defines(d, n), graph=self._native_graph)
+        self._native = CudaStep(self._plan(), {k: b.ptr for k, b in bufs.items()}, kernel_defines(d, n),
+                                graph=self._native_graph)
         self._native_bufs = bufs
         if self._native.graph:
             self._native.capture()               # at load, before any worker thread exists
+
+    def _plan(self) -> list[Launch]:
+        return step_plan(self.dims, self.slots, self._sms, state=True, tensor_cores=self._tc)
 
     # ------------------------------------------------------------ the step
     def sync_state(self, tokens: np.ndarray, pos: np.ndarray, live: np.ndarray) -> None:
@@ -655,8 +673,7 @@ class NativeStepSession(GqaSession):
         step buffers hold now (after a prefill and a step: a page's real state)."""
         if self.engine != "native-cuda":
             raise BackendError(f"check_kernels needs the native CUDA step (this session: {self.engine})")
-        rows = self._native.check(step_plan(self.dims, self.slots, self._sms, state=True), self._native_bufs,
-                                  self.mem, self.w_dtype)
+        rows = self._native.check(self._plan(), self._native_bufs, self.mem, self.w_dtype)
         self.h_pos += self.h_live
         self.h_tok[:] = -1
         return rows

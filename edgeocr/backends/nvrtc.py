@@ -17,7 +17,7 @@ from pathlib import Path
 from edgeocr.errors import BackendError
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
-HEADERS = ("half.cuh", "decode_gemv.cu", "decode_attention.cu", "decode_step.cu")
+HEADERS = ("half.cuh", "decode_gemv.cu", "decode_gemv_tc.cu", "decode_attention.cu", "decode_step.cu")
 
 
 def driver_version() -> int:
