@@ -101,3 +101,24 @@ def test_two_pages_rapidocr_and_demo_fp16(demo_fp16, tmp_path):
     # a system that needs an artifact refuses to start without one
     r = _run("--data", str(EVAL), "--systems", "int8", "--out-md", str(md), "--out-json", str(js))
     assert r.returncode == 2 and "--int8" in r.stderr
+
+
+def test_reading_order_diagnosis_tells_lost_places_from_misreads(tmp_path):
+    """scripts/diag_reading_order.py: an output in the page's order scores in order 1; the same cells shuffled and
+    repeated score low on order and high on repetition with the same precision; an invented cell lowers precision."""
+    spec = importlib.util.spec_from_file_location("diag_reading_order", ROOT / "scripts" / "diag_reading_order.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    label = {"lines": [{"text": "Date Amount"}, {"text": "2024-01-02 15.00"}, {"text": "2024-01-03 7.50"}]}
+    read = mod.page_stats("Date Amount\n2024-01-02 15.00\n2024-01-03 7.50", label)
+    assert read["precision"] == 1 and read["recall"] == 1 and read["in_order"] == 1 and read["repeated"] == 0
+    lost = mod.page_stats("Date 7.50\n2024-01-02 Amount\n7.50 2024-01-02", label)
+    assert lost["precision"] == 1 and lost["repeated"] == 2 / 6 and lost["in_order"] < 0.5
+    invented = mod.page_stats("Date Amount\n2024-01-09 15.00", label)
+    assert invented["precision"] == 3 / 4 and invented["first_miss"] == 2
+    res = {"systems": {"m": {}}, "pages": [{"image": "a.jpg", "systems": {"m": {"text": "Date Amount", "cer_nows": 0.5}}}]}
+    (tmp_path / "r.json").write_text(json.dumps(res))
+    (tmp_path / "labels.jsonl").write_text(json.dumps({"image": "a.jpg", **label}) + "\n")
+    assert mod.main([str(tmp_path / "r.json"), "--data", str(tmp_path), "--json", str(tmp_path / "o.json")]) == 0
+    got = json.loads((tmp_path / "o.json").read_text())["systems"]["m"]
+    assert got["pages"] == 1 and got["precision"] == 1 and got["recall"] == 2 / 6
