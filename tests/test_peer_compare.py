@@ -116,7 +116,8 @@ def test_reading_order_diagnosis_tells_lost_places_from_misreads(tmp_path):
     assert lost["precision"] == 1 and lost["repeated"] == 2 / 6 and lost["in_order"] < 0.5
     invented = mod.page_stats("Date Amount\n2024-01-09 15.00", label)
     assert invented["precision"] == 3 / 4 and invented["first_miss"] == 2
-    res = {"systems": {"m": {}}, "pages": [{"image": "a.jpg", "systems": {"m": {"text": "Date Amount", "cer_nows": 0.5}}}]}
+    page = {"image": "a.jpg", "systems": {"m": {"text": "Date Amount", "cer_nows": 0.5}}}
+    res = {"systems": {"m": {}}, "pages": [page]}
     (tmp_path / "r.json").write_text(json.dumps(res))
     (tmp_path / "labels.jsonl").write_text(json.dumps({"image": "a.jpg", **label}) + "\n")
     assert mod.main([str(tmp_path / "r.json"), "--data", str(tmp_path), "--json", str(tmp_path / "o.json")]) == 0
