@@ -8,7 +8,7 @@
     python -m quantize fuse ARTIFACT OUT [--target cuda|portable]
     python -m quantize step-state ARTIFACT OUT     (gqa + in-graph selection: the decode step keeps its state on
                                                     the device, no host-to-device copy per step)
-    python -m quantize native-step ARTIFACT OUT [--weights float|int8]
+    python -m quantize native-step ARTIFACT OUT [--weights float|int8] [--vision float|int8]
                                                    (FP16 gqa + in-graph selection: the decoder's weights for the
                                                     runtime's own CUDA decode step, shared with the graph)
     python -m quantize reslot ARTIFACT OUT --slots N     (same graphs, another slot count; ONNX Runtime)
@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     ns.add_argument("--weights", choices=["float", "int8"], default="float",
                     help="int8: the layers' projections as 8-bit blocks of 32 (half their bytes; the embedding and "
                          "lm_head stay FP16: about 2/3 of an FP16 step's weight bytes, computed)")
+    ns.add_argument("--vision", choices=["float", "int8"], default=None,
+                    help="the vision graph's MatMul weights: int8 as 8-bit blocks of 32 (half their bytes; the "
+                         "default with --weights int8) or float as they are (the default otherwise)")
     rs = sub.add_parser("reslot", help="artifact -> the same graphs with another slot count (the decoder takes "
                         "any batch; ONNX Runtime flavours; TensorRT engines must be rebuilt)")
     rs.add_argument("artifact", type=Path, help="the artifact directory to read")
@@ -220,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             _print_sizes(step_state_artifact(args.artifact, args.out, progress=_progress), args.out)
         elif args.cmd == "native-step":
             from quantize.native_step import native_step_artifact
-            _print_sizes(native_step_artifact(args.artifact, args.out, progress=_progress, weights=args.weights),
-                         args.out)
+            _print_sizes(native_step_artifact(args.artifact, args.out, progress=_progress, weights=args.weights,
+                                              vision=args.vision), args.out)
         elif args.cmd == "tiny":
             from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
             tc = {"tiny-a": TINY_A, "tiny-b": TINY_B}[args.config]

@@ -1,11 +1,11 @@
 """The decoder's weights for edgeocr's own decode step: one file the CUDA kernels and ONNX Runtime share.
 
-    python -m quantize native-step ARTIFACT OUT
+    python -m quantize native-step ARTIFACT OUT [--weights float|int8] [--vision float|int8]
 
 For an FP16 or FP32 artifact exported with `--attention gqa --select-on-device`, fused or not (not weight-INT8,
 not step state).  A decode step on ONNX Runtime's CUDA provider launches ~15 kernels a layer, each a few
 microseconds long (docs/perf.md §6); the runtime's native step (edgeocr.backends.native_step) runs the same
-computation as 9 kernels a layer of its own (edgeocr/kernels), captured in one CUDA graph.  Its kernels read the
+computation as 8 kernels a layer of its own (edgeocr/kernels), captured in one CUDA graph.  Its kernels read the
 weights row-major ([out, in], each output's weights contiguous), the transpose of ONNX's MatMul layout.  So that
 the weights are not held twice (on disk and on the device), this pass moves them out of the decoder graph:
 
@@ -21,7 +21,9 @@ With `--weights int8` the layers' projections are stored as 8-bit blocks of 32 a
 (q - 128) * scale, one FP16/FP32 scale a block): ONNX Runtime's MatMulNBits layout, so the graph reads the same
 bytes through MatMulNBits(x, W, W.scales) and the native step through its 8-bit GEMVs; the projections take half
 their bytes.  The embedding, the norms and the lm_head stay in the artifact's precision, so a real-size step reads
-about 2/3 of the FP16 step's weight bytes (computed).
+about 2/3 of the FP16 step's weight bytes (computed).  With `--weights int8` the vision graph's MatMul weights become
+8-bit MatMulNBits blocks of 32 too (`--vision float` keeps them): the vision encoder's 0.8 GB of FP16 weights are
+most of what the 8-bit form would otherwise hold beside its decoder (`quantize weight-int8` does the same to it).
 
 The manifest's `graphs.decoder.native_step` indexes the file ({"tensors": name -> offset, shape}) and maps each
 graph input to its tensor and first row ({"inputs": name -> [tensor, row, shape]}).  Weights are found by the
@@ -230,13 +232,19 @@ def write_weights(path: Path, tensors: dict[str, np.ndarray]) -> dict[str, dict]
     return index
 
 
-def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "float") -> af.Artifact:
+def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "float",
+                         vision: str | None = None) -> af.Artifact:
     """ARTIFACT -> OUT with the decoder's weights in decoder_step.bin and read by the graph as inputs (module
     doc).  weights "int8": the layers' projections as 8-bit blocks (MatMulNBits' layout, read by the native step's
-    8-bit kernels and by the graph); the embedding, the norms and the lm_head stay in the artifact's precision.  The
-    vision graph and the tokenizer are copied."""
+    8-bit kernels and by the graph); the embedding, the norms and the lm_head stay in the artifact's precision.
+    vision "int8" (the default with 8-bit weights): the vision graph's MatMul weights as 8-bit MatMulNBits blocks
+    of 32 (quantize.weight_int8); "float" (the default otherwise): the vision graph is copied.  The tokenizer is
+    copied."""
     if weights not in ("float", "int8"):
         raise ValueError(f"weights must be 'float' or 'int8', not {weights!r}")
+    vision = vision or ("int8" if weights == "int8" else "float")
+    if vision not in ("float", "int8"):
+        raise ValueError(f"vision must be 'float' or 'int8', not {vision!r}")
     from quantize.export import _file_table, _io, copy_unwritten
     from quantize.fuse import load_graph, op_counts, save_graph
 
@@ -279,13 +287,29 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
     done = rewire(model, inputs, rewrites, tensors, bits=8 if weights == "int8" else None)
     save_graph(model, out / m.decoder.file)
     index = write_weights(out / WEIGHTS_FILE, tensors)
-    copy_unwritten(src, out, m.files, {m.decoder.file, m.decoder.file + ".data"})
+    written = {m.decoder.file, m.decoder.file + ".data"}
+    vision_report = {"weights": "float"}
+    if vision == "int8":
+        from quantize.weight_int8 import quantize_matmuls
+        vg = load_graph(src / m.vision.file)
+        keep = [n.name for n in vg.graph.node if n.op_type == "MatMul" and "rope_rotate_half" in n.input[1]]
+        qv, qdone, eligible = quantize_matmuls(vg, BLOCK, keep, 8, None)
+        if qdone == 0:
+            raise ValueError(f"{src / m.vision.file}: no MatMul with a constant weight to quantize (--vision float "
+                             "keeps the vision graph as it is)")
+        save_graph(qv, out / m.vision.file)
+        written |= {m.vision.file, m.vision.file + ".data"}
+        vision_report = {"weights": "int8", "op": "com.microsoft.MatMulNBits", "bits": 8, "block_size": BLOCK,
+                         "matmuls_quantized": qdone, "matmuls_total": eligible}
+        say(f"vision: {qdone} of {eligible} MatMul weights stored as 8-bit blocks of {BLOCK}")
+    copy_unwritten(src, out, m.files, written)
     spec = {"version": NATIVE_STEP_VERSION, "file": WEIGHTS_FILE, "dtype": str(act), "weights": weights,
             "block": BLOCK if weights == "int8" else None,
             "tensors": index, "inputs": {k: [t, r, s] for k, (t, r, s) in inputs.items()}}
     report = {"version": NATIVE_STEP_VERSION, **done, "ops_before": before, "ops_after": op_counts(model),
-              "seconds": round(time.perf_counter() - t0, 1)}
+              "vision": vision_report, "seconds": round(time.perf_counter() - t0, 1)}
     new = m.derive(decoder=replace(m.decoder, native_step=spec, **_io(out / m.decoder.file)),
+                   vision=replace(m.vision, **_io(out / m.vision.file)),
                    files=_file_table(out), export=dict(m.export, native_step=report),
                    source=dict(m.source, base_artifact=str(src.resolve())))
     af.write(out, new)

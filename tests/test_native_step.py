@@ -403,11 +403,31 @@ def test_int8_weights_are_matmul_nbits_blocks_read_by_both(arts, q8_arts):
     q8 = (q8_arts["a-q8"] / spec["file"]).stat().st_size
     f32 = (arts["a-native"] / read(arts["a-native"]).decoder.native_step["file"]).stat().st_size
     assert q8 < 0.6 * f32, (q8, f32)
+    # the vision graph's MatMul weights are 8-bit blocks too (the default with 8-bit weights)
+    vg = onnx.load(str(q8_arts["a-q8"] / m.vision.file), load_external_data=False).graph
+    vis = m.export["native_step"]["vision"]
+    assert vis["weights"] == "int8" and vis["matmuls_quantized"] == vis["matmuls_total"] > 0
+    assert [n.op_type for n in vg.node].count("MatMulNBits") == vis["matmuls_quantized"]
+    src_vision = arts["a"] / read(arts["a"]).vision.file
+    vbytes = lambda d: sum(f.stat().st_size for f in d.glob(m.vision.file + "*"))     # noqa: E731
+    assert vbytes(q8_arts["a-q8"]) < vbytes(src_vision.parent)      # tiny-a's vision is mostly its patch embedding
     from quantize.native_step import quantize_rows
     w = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
     q, s = quantize_rows(w)
     back = (q.astype(np.float32) - 128) * np.repeat(s, 32, axis=1)
     assert np.abs(back - w).max() <= np.repeat(s, 32, axis=1).max() / 2 + 1e-6
+
+
+def test_int8_weights_can_keep_the_float_vision_graph(arts, tmp_path):
+    """--vision float beside --weights int8: the vision graph is the source's, byte for byte."""
+    from quantize.native_step import native_step_artifact
+    m = native_step_artifact(arts["a"], tmp_path / "q", weights="int8", vision="float")
+    assert m.export["native_step"]["vision"] == {"weights": "float"}
+    for f in (m.vision.file, m.vision.file + ".data"):
+        if (arts["a"] / f).exists():
+            assert (tmp_path / "q" / f).read_bytes() == (arts["a"] / f).read_bytes()
+    with pytest.raises(ValueError, match="vision must be"):
+        native_step_artifact(arts["a"], tmp_path / "r", weights="int8", vision="int4")
 
 
 def test_int8_weights_same_tokens_as_onnx_runtimes_step(q8_arts, monkeypatch):
