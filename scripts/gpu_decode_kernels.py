@@ -137,7 +137,7 @@ def bench(args) -> dict:
     props = torch.cuda.get_device_properties(dev)
     arch = f"sm_{props.major}{props.minor}"
     t = time.perf_counter()
-    mod = Module(compile_cubin(GEMV_SOURCE, arch, "decode_gemvs.cu"), kernel_names())
+    mod = Module(compile_cubin(GEMV_SOURCE, arch, "decode_gemvs.cu", {"TENSOR_CORES": 1}), kernel_names())
     attn = {c: Module(compile_cubin(ATTENTION.read_text(), arch, ATTENTION.name, {"CHUNK": c}), ATTN_KERNELS)
             for c in args.chunks}
     out = {"device": props.name, "arch": arch, "sms": props.multi_processor_count,
@@ -326,7 +326,7 @@ def main(argv=None) -> int:
     if args.compile_only is not None:
         for arch in args.compile_only or ["sm_90"]:
             t = time.perf_counter()
-            cubin = compile_cubin(GEMV_SOURCE, arch, "decode_gemvs.cu")
+            cubin = compile_cubin(GEMV_SOURCE, arch, "decode_gemvs.cu", {"TENSOR_CORES": 1})
             cubin_attn = compile_cubin(ATTENTION.read_text(), arch, ATTENTION.name)
             missing = [n for n in kernel_names() if n.encode() not in cubin]
             missing += [n for n in ATTN_KERNELS if n.encode() not in cubin_attn]

@@ -173,7 +173,7 @@ def run(args, sz: dict, slots: int, torch, dev) -> dict:
     res = {"slots": slots, "weights": args.weights, "depth": depth, "kernels_per_step": len(plan),
            "gemv": "tensor-cores" if tc else "cuda-cores", "build_s": round(build_s, 1)}
     if dev.type == "cuda":
-        step = ns.CudaStep(plan, {k: b.ptr for k, b in bufs.items()}, ns.kernel_defines(dims, slots), graph=True)
+        step = ns.CudaStep(plan, {k: b.ptr for k, b in bufs.items()}, ns.kernel_defines(dims, slots, tc), graph=True)
         step.capture()
         step.run()
     else:

@@ -164,9 +164,13 @@ def step_plan(d: Dims, slots: int, sms: int = 1, state: bool = False, tensor_cor
     return plan
 
 
-def kernel_defines(d: Dims, slots: int) -> dict[str, int]:
-    """The compile-time constants the kernels are built with for this decoder and slot count."""
-    return {"SLOTS": slots, "HEAD_DIM": d.head_dim, "GROUP": d.nq // d.kvh, "CHUNK": CHUNK}
+def kernel_defines(d: Dims, slots: int, tensor_cores: bool = False) -> dict[str, int]:
+    """The compile-time constants the kernels are built with for this decoder and slot count; the tensor-core
+    GEMVs are compiled only where step_plan takes them (they add ~3 s of NVRTC time at load)."""
+    out = {"SLOTS": slots, "HEAD_DIM": d.head_dim, "GROUP": d.nq // d.kvh, "CHUNK": CHUNK}
+    if tensor_cores and slots >= TC_MIN_SLOTS:
+        out["TENSOR_CORES"] = 1
+    return out
 
 
 def scratch_shapes(d: Dims, slots: int, dtype) -> dict[str, tuple[tuple, object]]:
@@ -269,6 +273,7 @@ class NumpyStep:
             p = np.exp(sc - sc.max(-1, keepdims=True))
             p /= p.sum(-1, keepdims=True)
             o[s_] = np.einsum("hgt,htd->hgd", p, vv).reshape(nq * dh)
+        count[...] = 0                          # the kernel leaves every (slot, head) counter at 0
 
     def k_select_partial(self, L, logits, seen, penalty, val, idx, v):
         pass                                    # the numpy twin selects in one pass (select_final)
@@ -611,7 +616,7 @@ class NativeStepSession(GqaSession):
         arch, sms = nvrtc.device_arch()
         self._sms, self._tc = sms, TENSOR_CORES and int(arch[3:]) >= 80
         bufs = self._step_buffers()
-        self._native = CudaStep(self._plan(), {k: b.ptr for k, b in bufs.items()}, kernel_defines(d, n),
+        self._native = CudaStep(self._plan(), {k: b.ptr for k, b in bufs.items()}, kernel_defines(d, n, self._tc),
                                 graph=self._native_graph)
         self._native_bufs = bufs
         if self._native.graph:

@@ -20,7 +20,8 @@
 
 #include "half.cuh"
 
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800     // mma.sync m16n8k16: none of these below sm_80
+// Compiled only with -DTENSOR_CORES (edgeocr.backends.native_step.kernel_defines: where the plan takes them).
+#if defined(TENSOR_CORES) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)   // mma.sync m16n8k16: sm_80 on
 #define UNROLL 8
 
 __device__ __forceinline__ void mma16816(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
@@ -280,4 +281,4 @@ EDGEOCR_TC_KERNELS_KS(2)
 EDGEOCR_TC_KERNELS_KS(4)
 EDGEOCR_TC_KERNELS_KS(8)
 #endif
-#endif  // sm_80 and later
+#endif  // TENSOR_CORES, sm_80 and later
