@@ -4,7 +4,8 @@
 # those graphs fused for CUDA ($W/slotsN-fused, `python -m quantize fuse`: the flavour the README recommends on
 # GPUs); it sets SLOTS_ART to the artifact to bench and returns non-zero (the failed step's last lines printed) if
 # a step fails.  $PY: the Python to run (default python3).  FUSE=0 benches the unfused export, as before
-# 2026-12-05.
+# 2026-12-05.  NATIVE=float or NATIVE=int8 benches that artifact's `python -m quantize native-step` form
+# ($W/slotsN[-fused]-native-float|int8: edgeocr's own CUDA decode step, at most 8 slots).
 _last_line() {   # command...: run it, print its last line of output; on failure its last 10 lines and fail
   local out
   out=$("$@" 2>&1) || { printf '%s\n' "$out" | tail -10; return 1; }
@@ -23,5 +24,11 @@ realsize_slots() {
     [ -f "$W/slots$n-fused/manifest.json" ] || _last_line $py -m quantize fuse "$W/slots$n" "$W/slots$n-fused" \
         --target cuda || return 1
     SLOTS_ART=$W/slots$n-fused
+  fi
+  case ${NATIVE:-0} in 0|float|int8) ;; *) echo "NATIVE must be 0, float or int8, not '$NATIVE'"; return 1;; esac
+  if [ "${NATIVE:-0}" != 0 ]; then
+    [ -f "$SLOTS_ART-native-$NATIVE/manifest.json" ] || _last_line $py -m quantize native-step "$SLOTS_ART" \
+        "$SLOTS_ART-native-$NATIVE" --weights "$NATIVE" || return 1
+    SLOTS_ART=$SLOTS_ART-native-$NATIVE
   fi
 }

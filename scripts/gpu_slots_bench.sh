@@ -7,7 +7,8 @@
 # off, with vision ahead on prioritized CUDA streams: EDGEOCR_STREAM_PRIORITIES=1, and with each page's prefill
 # beside the step too, EDGEOCR_PREFILL_BESIDE=1, with and without the priorities), against transformers'
 # batched generate (bf16, sdpa) at the same batch sizes on 2 x batch pages (at least 4; PEER=0: no
-# transformers, `edgeocr bench` alone, a one-slot run without vision ahead).  JSON and a log under $OUT.
+# transformers, `edgeocr bench` alone, a one-slot run without vision ahead; NATIVE=float|int8: the artifacts'
+# native-step form, scripts/gpu_realsize.sh).  JSON and a log under $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; W=${W:-/tmp/work}; mkdir -p "$OUT" $W
