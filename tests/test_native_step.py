@@ -208,7 +208,7 @@ def test_the_kernels_compile_for_orin_ada_and_hopper(arch):
     from edgeocr.backends import nvrtc
     from edgeocr.backends.native_step import SOURCE, TC_MIN_SLOTS, Dims, kernel_defines, step_plan
     with_tc = int(arch[3:]) >= 80
-    for slots, head, group in ((1, 128, 2), (TC_MIN_SLOTS, 32, 2)):
+    for slots, head, group in ((1, 128, 2), (8, 32, 2)):       # tiny widths: tensor cores from 8 slots
         d = Dims(layers=2, hidden=256, inter=512, nq=2 * group, kvh=2, head_dim=head, vocab=1000, cache_len=512,
                  eps=1e-5, lm_head="embed")
         cubin = nvrtc.compile_cubin(SOURCE, arch, kernel_defines(d, slots, tensor_cores=with_tc))
@@ -219,7 +219,7 @@ def test_the_kernels_compile_for_orin_ada_and_hopper(arch):
                            for launch in step_plan(replace(d, q8=q8), slots, sms, state=True, tensor_cores=tc)}
                 missing = {s for s in symbols if s.encode() not in cubin}
                 assert not missing and "step_begin" in symbols, missing
-                pre = "tc_" if tc and slots >= TC_MIN_SLOTS else ""
+                pre = "tc_" if tc and slots >= 8 else ""
                 assert any(s.startswith(f"{pre}swiglu_q8_m{slots}_") for s in symbols), symbols
                 assert any(s.startswith(f"{pre}gemvf_m{slots}_") for s in symbols), symbols
         assert (b"tc_gemv_m" in cubin) == (with_tc and slots >= TC_MIN_SLOTS)     # compiled only where taken
@@ -246,6 +246,10 @@ def test_tensor_core_gemvs_cover_their_rows():
     assert not by_k[1000].startswith("tc_") and not by_k[3000].startswith("tc_") and by_k[2048].startswith("tc_")
     one = step_plan(d, 1, sms=132, state=True, tensor_cores=True)
     assert not any(launch.symbol.startswith("tc_") for launch in one)
+    four = {launch.args[3][1]: launch.symbol for launch in step_plan(d, 4, sms=132, state=True, tensor_cores=True)
+            if launch.kernel in ("gemv", "gemvf", "swiglu")}
+    assert four[4096].startswith("tc_") and four[3584].startswith("tc_") and four[120818].startswith("tc_")
+    assert not four[1024].startswith("tc_")              # o and down (1,024 rows) on the CUDA cores until 8 slots
 
 
 def test_where_the_cuda_kernels_apply():

@@ -10,8 +10,9 @@ logits) and its static KV cache, which the prefill wrote.
     per layer  q|k|v GEMV, RoPE + Q/K-norm + cache append, attention (split over the cache, its splits
                combined by the last block to finish), o GEMV, residual + RMSNorm, SwiGLU GEMV (gate|up with its
                activation), down GEMV, residual + RMSNorm
-    GEMVs      on tensor cores (decode_gemv_tc.cu, sm_80 and later: every weight read once for all slots) where
-               the reduction size is a multiple of 32, else on the CUDA cores (decode_gemv.cu)
+    GEMVs      on tensor cores (decode_gemv_tc.cu, sm_80 and later: every weight read once for all slots) with 4
+               slots or more (8 for outputs under 2,048 rows) where the reduction size is a multiple of 32, else on
+               the CUDA cores (decode_gemv.cu)
     around     embedding rows and the first RMSNorm; the lm_head GEMV (fp32 logits), the repetition penalty
                and the argmax in two passes
 
@@ -49,9 +50,11 @@ MAX_SLOTS = 8                # the GEMV kernels hold one accumulator per slot in
                              # the 8 columns of an m16n8k16 product)
 TENSOR_CORES = True          # the GEMVs on tensor cores (decode_gemv_tc.cu) where the GPU has mma.sync m16n8k16
                              # (sm_80 and later) and the reduction size is a multiple of 32
-TC_MIN_SLOTS = 4             # ... for this many slots and more: at 1 slot the CUDA-core GEMVs are faster (H200: q|k|v
-                             # 4.1 us against 4.5, down 3.9 against 5.9), at 8 slower (6.6 against 4.7, SwiGLU 12.6
-                             # against 6.7; scripts/gpu_decode_kernels.py, 2026-12-05)
+TC_MIN_SLOTS = 4             # ... for this many slots and more, and for outputs of fewer than TC_NARROW_ROWS rows
+TC_NARROW_ROWS = 2048        # (o, down: 1,024) from 8 slots on.  H200, scripts/gpu_decode_kernels.py, 2026-12-05,
+                             # best CUDA-core against tensor-core us: 1-2 slots CUDA cores everywhere (q|k|v 4.1 / 4.5,
+                             # down 3.9 / 5.9); 4 slots q|k|v 4.9 / 4.7, SwiGLU 8.7 / 6.7, lm_head 75.7 / 63.6 but
+                             # o 3.7 / 4.1, down 4.8 / 6.2; 8 slots tensor cores everywhere (SwiGLU 12.6 / 6.7)
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ def step_plan(d: Dims, slots: int, sms: int = 1, state: bool = False, tensor_cor
     i_, f_ = (lambda v: ("i", int(v))), (lambda v: ("f", float(v)))
 
     def gemv(kind: str, w: str, x: str, y: str, rows: int, k: int, extra=()) -> Launch:
-        tc = tensor_cores and n >= TC_MIN_SLOTS and k % 32 == 0
+        tc = tensor_cores and k % 32 == 0 and n >= (TC_MIN_SLOTS if rows >= TC_NARROW_ROWS else 8)
         ks = _ks_tc(rows, sms) if tc else _ks(rows, sms)
         grid = (-(-rows // (16 * (8 // ks) if tc else 8 // ks)),)
         pre = "tc_" if tc else ""
