@@ -7,7 +7,8 @@
 #   2. every kernel of one decode step against its numpy twin, on a page's real state (check.json)
 #   3. `edgeocr bench` of both native-step artifacts with the native step and with ONNX Runtime's step
 #      (EDGEOCR_NATIVE_STEP=1 / 0: the same weights, the same prefill), and of the fused artifact they were made from
-#   4. the kernels of a decode step (gpu_profile.py) and device memory after two pages (gpu_perf.py memory)
+#   4. the kernels of a decode step (gpu_profile.py) and device memory after two pages (gpu_perf.py memory, the
+#      runtime's settings and the tuned ones)
 #   5. tokens of the native step against ONNX Runtime's on two eval pages (64 tokens, past the end token)
 #   6. as time allows: the decode-kernel microbenchmark against cuBLAS and SDPA (gpu_decode_kernels.py)
 # Results in $OUT: summary.json, bench.txt, profile.txt, run.log.
@@ -112,8 +113,10 @@ for s in d['stages']:
 print()" >> "$OUT/profile.txt"
   done
   for art in native native8; do
-    step memory_$art env EDGEOCR_NATIVE_STEP=1 $PY scripts/gpu_perf.py memory $W/$art --config runtime --device cuda \
-      --tokens $TOKENS --image "$IMG" --json "$R/memory_${art}_runtime.json"
+    for config in runtime tuned; do
+      step memory_${art}_$config env EDGEOCR_NATIVE_STEP=1 $PY scripts/gpu_perf.py memory $W/$art --config $config \
+        --device cuda --tokens $TOKENS --image "$IMG" --json "$R/memory_${art}_$config.json"
+    done
   done
 fi
 

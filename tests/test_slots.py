@@ -88,6 +88,22 @@ def test_pages_of_different_lengths_refill_slots_mid_run(slot_arts):
     assert all(done[i].finish_reason == "length" for i in range(6))
 
 
+@pytest.mark.parametrize("flavour", list(FLAVOURS))
+def test_one_slot_prefilled_with_prompts_of_other_lengths(slot_arts, flavour):
+    """A slot's prefill binding is kept from page to page (OrtSession._prefill_binding) and only the inputs of
+    the prompt's length are bound again: prompts of other lengths one after another on one model each give the
+    tokens a fresh model gives them."""
+    opts = DecodeOptions(max_new_tokens=6, repetition_penalty=1.2)
+    page = _pages(1)[0]
+    tasks = prompts.task_names()
+    model = OCRModel(slot_arts[flavour])
+    seq = [model.recognize(page, task=t, options=opts) for t in tasks + tasks[:1]]
+    assert len({r.prompt_tokens for r in seq}) > 2                  # the prompts' lengths really differ
+    fresh = [OCRModel(slot_arts[flavour]).recognize(page, task=t, options=opts) for t in tasks]
+    assert [r.token_ids for r in seq] == [r.token_ids for r in fresh + fresh[:1]]
+    assert len(model.session._pf_bindings) == 1
+
+
 @pytest.mark.parametrize("task,lang", [(t, "zh") for t in prompts.task_names()] + [("spotting", "en")])
 def test_every_task_prompt_in_slots(slot_arts, task, lang):
     model = OCRModel(slot_arts["masked"])

@@ -578,8 +578,8 @@ class NativeStepSession(GqaSession):
         super()._bind_step_flavour(b)
         self._weight_binds(b)
 
-    def _bind_prefill_flavour(self, b, s: int) -> None:
-        super()._bind_prefill_flavour(b, s)
+    def _bind_prefill_static(self, b) -> None:
+        super()._bind_prefill_static(b)
         self._weight_binds(b)
 
     def _step_buffers(self) -> dict:

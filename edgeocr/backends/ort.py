@@ -114,6 +114,7 @@ class OrtSession:
         # what a second decoder session for prefills beside the step needs (open_prefill_beside)
         self._path, self._so, self._pf_providers = path, so, providers
         self.prefill_decoder = None
+        self._pf_bindings = {}              # (beside, slot) -> the slot's prefill binding (_prefill_binding)
         try:
             self.vision = ort.InferenceSession(str(path / art.vision.file), so, providers=providers)
             self.decoder = ort.InferenceSession(str(path / art.decoder.file), so, providers=dec_providers)
@@ -312,25 +313,36 @@ class OrtSession:
         decoder = self.prefill_decoder if beside else self.decoder
         if decoder is None:
             raise BackendError("prefill beside the step before open_prefill_beside()")
-        mem, b = self.mem, decoder.io_binding()
+        mem, b = self.mem, self._prefill_binding(decoder, slot, beside)
         mem.write(self.pf_ids, input_ids)
         mem.write(self.pf_cos, cos)
         mem.write(self.pf_sin, sin)
         mem.write(self.pf_len, np.asarray([self._prefill_len_value(s)], self._len_dtype))
         mem.sync()
         self._bind(b, "input_ids", self.pf_ids, [1, s])
-        self._bind(b, "image_embeds", self.images[slot])
         self._bind(b, "cos", self.pf_cos, [1, s, self.head_dim])
         self._bind(b, "sin", self.pf_sin, [1, s, self.head_dim])
-        self._bind(b, self._len_name, self.pf_len)
-        self._bind_caches(b, slot)
-        self._bind(b, "logits", self.pf_logits if beside else self.logits, [1, self.vocab_size], index=0,
-                   output=True)
         if self._graph_select:
             self._bind_prefill_select(b, slot)
         self._bind_prefill_flavour(b, s)
         decoder.run_with_iobinding(b, self._ro_prefill if self.cuda_graph and not beside else None)
         self._after_prefill(slot, s)
+
+    def _prefill_binding(self, decoder, slot: int, beside: bool):
+        """The prefill binding of `slot` on `decoder`, made on its first prefill with what never changes (the
+        slot's image and cache rows, the length and logits buffers, a native-step artifact's ~100 weights): a
+        prefill then rebinds only what has the prompt's length and the selection's rows, not ~200 inputs."""
+        b = self._pf_bindings.get((beside, slot))
+        if b is None:
+            b = decoder.io_binding()
+            self._bind(b, "image_embeds", self.images[slot])
+            self._bind(b, self._len_name, self.pf_len)
+            self._bind_caches(b, slot)
+            self._bind(b, "logits", self.pf_logits if beside else self.logits, [1, self.vocab_size], index=0,
+                       output=True)
+            self._bind_prefill_static(b)
+            self._pf_bindings[(beside, slot)] = b
+        return b
 
     def prefill(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """input_ids [S] int64 (image slots included), cos/sin [S, D] float32 -> writes the slot's cache rows
@@ -391,6 +403,9 @@ class OrtSession:
         raise NotImplementedError
 
     def _bind_prefill_flavour(self, b, s: int) -> None:
+        pass
+
+    def _bind_prefill_static(self, b) -> None:
         pass
 
     def _bind_prefill_select(self, b, slot: int) -> None:
