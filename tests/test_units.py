@@ -187,3 +187,19 @@ def test_priority_streams_put_vision_low_and_decoder_high(monkeypatch):
     monkeypatch.setenv(ort_options.STREAM_PRIORITIES_ENV, "1")
     assert ort_options.stream_priorities_wanted() is True
     assert ort_options.stream_priorities_wanted(False) is False
+
+
+def test_memory_views_of_one_allocation():
+    """The native step's weights are views of one allocation (edgeocr.backends.memory): a view shares the bytes,
+    and one that would leave the allocation or split an element is refused."""
+    from edgeocr.backends.memory import HostMemory
+    mem = HostMemory()
+    blob = mem.alloc((64,), np.uint8)
+    mem.write(blob, np.arange(64, dtype=np.uint8))
+    v = mem.view(blob, 16, (2, 4), np.float16)
+    assert v.host.tobytes() == bytes(range(16, 32)) and v.ptr == blob.ptr + 16
+    mem.write(v, np.zeros((2, 4), np.float16))
+    assert not blob.host[16:32].any() and blob.host[32] == 32
+    for offset, shape in ((60, (4,)), (-2, (1,)), (3, (1,))):
+        with pytest.raises(IndexError, match="outside"):
+            mem.view(blob, offset, shape, np.float16)

@@ -40,6 +40,14 @@ def _check_span(buf: Buffer, offset: int, n: int) -> None:
         raise IndexError(f"copy of {n} elements at {offset} outside a buffer of shape {buf.shape}")
 
 
+def _span(blob: Buffer, offset: int, shape, dtype) -> int:
+    """Bytes of a `shape` x `dtype` view at `offset` of `blob`, refused if it leaves it or is misaligned."""
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if offset < 0 or offset + n > blob.nbytes or offset % np.dtype(dtype).itemsize:
+        raise IndexError(f"a view of {n} bytes at {offset} outside (or misaligned in) a {blob.nbytes}-byte buffer")
+    return n
+
+
 class HostMemory:
     """numpy arrays: ONNX Runtime's CPU provider reads and writes them in place."""
 
@@ -57,6 +65,12 @@ class HostMemory:
     def read(self, buf: Buffer, out: np.ndarray, offset: int = 0) -> np.ndarray:
         out.reshape(-1)[...] = buf.host.reshape(-1)[offset:offset + out.size]
         return out
+
+    def view(self, blob: Buffer, offset: int, shape, dtype) -> Buffer:
+        """The bytes [offset, offset + size) of a uint8 buffer as an array of `shape` and `dtype`."""
+        a = _span(blob, offset, shape, dtype)
+        h = blob.host[offset:offset + a].view(dtype).reshape(shape)
+        return Buffer(h.ctypes.data, tuple(shape), np.dtype(dtype), h, blob.keep)
 
     def copy_rows(self, cache: Buffer, slot: int, row: int, src: Buffer, index: int, n: int) -> None:
         """src[index] holding [KVH, n, D] contiguously -> cache[slot, :, row:row + n]."""
@@ -112,6 +126,11 @@ class CudaMemory:
         _check_span(buf, offset, out.size)
         self.cuda.memcpy_dtoh(out.ctypes.data, buf.ptr + offset * buf.itemsize, out.nbytes)
         return out
+
+    def view(self, blob: Buffer, offset: int, shape, dtype) -> Buffer:
+        """The bytes [offset, offset + size) of a uint8 buffer as an array of `shape` and `dtype` (same memory)."""
+        _span(blob, offset, shape, dtype)
+        return Buffer(blob.ptr + offset, tuple(shape), np.dtype(dtype), None, blob.keep)
 
     def copy_rows(self, cache: Buffer, slot: int, row: int, src: Buffer, index: int, n: int) -> None:
         """One 2-D copy: KVH runs of n rows; cache pitch = cache_len rows per head, src pitch = n rows."""

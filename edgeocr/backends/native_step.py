@@ -544,18 +544,19 @@ class NativeStepSession(GqaSession):
             raw = np.memmap(f, dtype=np.uint8, mode="r")
         except (OSError, ValueError) as e:               # missing, a directory, empty
             raise ArtifactError(f"{f}: cannot read the native step's weights ({e})") from None
-        self.weights, host = {}, {}
+        # the file's tensors are 256-byte aligned: one allocation and one copy of the whole file, each weight a
+        # view of it (an allocation per weight rounds each up to the allocator's granularity)
+        end = 0
         for name, t in spec["tensors"].items():
             dt = np.dtype(t.get("dtype", spec["dtype"]))
-            count = int(np.prod(t["shape"]))
-            end = t["offset"] + count * dt.itemsize
+            end = max(end, t["offset"] + int(np.prod(t["shape"])) * dt.itemsize)
             if end > raw.size:
                 raise ArtifactError(f"{f}: tensor {name} runs past the end of the file (truncated?)")
-            host[name] = raw[t["offset"]:end].view(dt).reshape(t["shape"])
-            buf = self.mem.alloc(tuple(t["shape"]), dt)
-            self.mem.write(buf, host[name])
-            self.weights[name] = buf
-        del raw, host
+        blob = self.mem.alloc((max(1, end),), np.uint8)
+        self.mem.write(blob, raw[:end])
+        del raw
+        self.weights = {name: self.mem.view(blob, t["offset"], tuple(t["shape"]), t.get("dtype", spec["dtype"]))
+                        for name, t in spec["tensors"].items()}
         self.native_bytes = sum(b.nbytes for b in self.weights.values())
         self._native = None
         if self.engine == "native-numpy":
