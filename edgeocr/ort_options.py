@@ -10,7 +10,8 @@ settings the runtime's ONNX Runtime session uses on CUDA; docs/perf.md has the m
   choice without the maximal workspace, TF32 off for FP32 artifacts (exact FP32 numerics).
 - `share_arena`: one arena for the vision and decoder sessions (what the vision graph freed serves the
   prefill), instead of two that each keep their peak.
-- `vision_run_options`: return the arena's free chunks to the device after each vision call.
+- `vision_run_options`: return the arena's free chunks to the device after each vision call (the runtime's
+  default on CUDA, `vision_shrink_wanted`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 
 CPU_SPIN_ENV = "EDGEOCR_CPU_SPIN"    # "1": let ONNX Runtime's CPU worker threads spin between kernels
 STREAM_PRIORITIES_ENV = "EDGEOCR_STREAM_PRIORITIES"   # "1": decoder on a high-priority CUDA stream, vision low
+VISION_ARENA_ENV = "EDGEOCR_VISION_ARENA"            # "shrink" (default) | "keep": the vision arena after each call
 
 
 def cpu_session_config() -> dict:
@@ -59,6 +61,18 @@ def vision_run_options(ort, device_id: int = 0):
     ro = ort.RunOptions()
     ro.add_run_config_entry("memory.enable_memory_arena_shrinkage", f"gpu:{device_id}")
     return ro
+
+
+def vision_shrink_wanted() -> bool:
+    """Whether the vision session hands its arena's free chunks back to the device after each call on CUDA
+    (EDGEOCR_VISION_ARENA: "shrink", the default, or "keep").  The vision graph's activations (4,096 patches)
+    are the runtime's peak and are needed once a page; kept, they stay reserved while the decoder runs.
+    Measured on an H100 (real-size architecture, native step, two pages of 256 tokens, 2026-12-05): 3,801 ->
+    3,413 MiB FP16, 3,083 -> 2,687 MiB 8-bit (docs/perf.md)."""
+    value = os.environ.get(VISION_ARENA_ENV, "shrink").strip().lower()
+    if value not in ("shrink", "keep"):
+        raise ValueError(f"{VISION_ARENA_ENV} must be 'shrink' or 'keep', not {value!r}")
+    return value == "shrink"
 
 
 def stream_priorities_wanted(value: bool | None = None) -> bool:

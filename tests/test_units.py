@@ -203,3 +203,15 @@ def test_memory_views_of_one_allocation():
     for offset, shape in ((60, (4,)), (-2, (1,)), (3, (1,))):
         with pytest.raises(IndexError, match="outside"):
             mem.view(blob, offset, shape, np.float16)
+
+
+def test_vision_arena_setting(monkeypatch):
+    """EDGEOCR_VISION_ARENA: the vision arena is shrunk after each call unless "keep"; anything else is named."""
+    from edgeocr.ort_options import vision_shrink_wanted
+    monkeypatch.delenv("EDGEOCR_VISION_ARENA", raising=False)
+    assert vision_shrink_wanted()
+    monkeypatch.setenv("EDGEOCR_VISION_ARENA", " Keep ")
+    assert not vision_shrink_wanted()
+    monkeypatch.setenv("EDGEOCR_VISION_ARENA", "small")
+    with pytest.raises(ValueError, match="EDGEOCR_VISION_ARENA must be 'shrink' or 'keep', not 'small'"):
+        vision_shrink_wanted()

@@ -115,6 +115,14 @@ class OrtSession:
         self._path, self._so, self._pf_providers = path, so, providers
         self.prefill_decoder = None
         self._pf_bindings = {}              # (beside, slot) -> the slot's prefill binding (_prefill_binding)
+        self._ro_vision = None              # CUDA: the vision arena's free chunks go back after each call
+        if device == "cuda":
+            from edgeocr.ort_options import vision_run_options, vision_shrink_wanted
+            try:
+                shrink = vision_shrink_wanted()
+            except ValueError as e:
+                raise BackendError(str(e)) from None
+            self._ro_vision = vision_run_options(ort) if shrink else None
         try:
             self.vision = ort.InferenceSession(str(path / art.vision.file), so, providers=providers)
             self.decoder = ort.InferenceSession(str(path / art.decoder.file), so, providers=dec_providers)
@@ -271,7 +279,7 @@ class OrtSession:
             b.bind_ortvalue_input("pixels", pixels)
         else:
             b.bind_cpu_input("pixels", np.ascontiguousarray(pixels, np.float32))
-        self.vision.run_with_iobinding(b)
+        self.vision.run_with_iobinding(b, self._ro_vision)
 
     def image_embeds(self, slot: int = 0) -> np.ndarray:
         """The image embeddings waiting in `slot`, [N_img, H] (a copy; diagnostics and tests)."""
