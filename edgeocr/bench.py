@@ -32,6 +32,9 @@ def default_preprocess(device: str) -> str:
     return "device" if device == "cuda" else "exact"
 
 
+FIRST_TOKEN_RUNS = 7        # CUDA: one-token calls whose median first token the bench reports beside the timed page
+
+
 @dataclass
 class BenchResult:
     backend: str
@@ -58,6 +61,8 @@ class BenchResult:
     preprocess: str = ""              # preprocessing path: exact | fast | device
     threads: str = ""                 # ONNX Runtime intra-op threads of the sessions (CPU)
     cpu_profile: dict | None = None   # CPU: ONNX Runtime's own profile of decode steps (cpu_step_profile)
+    first_token_median: dict | None = None   # medians over FIRST_TOKEN_RUNS one-token calls: from the file, and
+                                              # its preprocess / vision / prefill parts (ms)
 
 
 def step_copies(art, live_slots: int = 1, engine: str = "onnxruntime") -> dict:
@@ -199,8 +204,10 @@ def _bandwidth(name: str) -> float | None:
 
 def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, repeats: int = 1,
           task: str = "spotting", threads: int | None = None, cuda_graph: bool | None = None,
-          preprocess: str | None = None) -> BenchResult:
-    """preprocess: exact | fast | device; None = default_preprocess(device)."""
+          preprocess: str | None = None, first_token_runs: int | None = None) -> BenchResult:
+    """preprocess: exact | fast | device; None = default_preprocess(device).  first_token_runs: one-token calls
+    after the timed page whose medians are reported as first_token_median (None: FIRST_TOKEN_RUNS on CUDA, none
+    on the CPU, where each costs a vision pass of seconds)."""
     from edgeocr.model import OCRModel
 
     preprocess = preprocess or default_preprocess(device)
@@ -223,6 +230,17 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
             used = (total - free) / 2**20
             peak_dev = used if peak_dev is None else max(peak_dev, used)
     res = min(runs, key=lambda r: r.timings_ms["total"])
+    # on CUDA the first token alone, several times: one call's figure moves by several ms with the host
+    med = None
+    n_first = FIRST_TOKEN_RUNS if first_token_runs is None and device == "cuda" else (first_token_runs or 0)
+    if n_first:
+        one = DecodeOptions(max_new_tokens=1, ignore_stop=True)
+        tt = [model.recognize(image, task=task, options=one).timings_ms for _ in range(n_first)]
+        med = {k: statistics.median(fn(t) for t in tt) for k, fn in (
+            ("from_file_ms", lambda t: t["load"] + t["preprocess"] + t["first_token"]),
+            ("preprocess_ms", lambda t: t["load"] + t["preprocess"]), ("vision_ms", lambda t: t["vision"]),
+            ("prefill_ms", lambda t: t["prefill"]))}
+        med["runs"] = n_first
     steps = list(res.step_ms)
     t = res.timings_ms
     q = max(1, len(steps) // 4)
@@ -249,7 +267,7 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
         tokens_per_s=1e3 / per_tok if per_tok else 0.0, total_ms=t["total"], peak_rss_mib=_rss_mib(),
         peak_device_mib=peak_dev, kv_cache_mib=kv / 2**20, decoder_weight_mib=dec_bytes / 2**20,
         bandwidth_floor_ms=floor, step_copies=step_copies(m, engine=engine),
-        threads=thread_label(threads) if device == "cpu" else "", cpu_profile=prof,
+        threads=thread_label(threads) if device == "cpu" else "", cpu_profile=prof, first_token_median=med,
         flavour=(f"attention {m.decoder.attention}, selection "
                  f"{'in graph' if m.decoder.select_on_device else 'host'}, "
                  f"{'step state on the device, ' if m.decoder.step_state else ''}"
@@ -270,6 +288,9 @@ def format_table(r: BenchResult, hf: dict | None = None) -> str:
             ("load", f"{r.load_ms:.0f} ms", ""), ("image decode + preprocess", f"{r.preprocess_ms:.1f} ms", r.preprocess),
             ("vision", f"{r.vision_ms:.1f} ms", ""), ("prefill", f"{r.prefill_ms:.1f} ms", ""),
             ("time to first token", f"{r.first_token_ms:.1f} ms", ""),
+            *([(f"  median of {r.first_token_median['runs']} calls", f"{r.first_token_median['from_file_ms']:.1f} ms",
+                "preprocess {preprocess_ms:.1f} / vision {vision_ms:.1f} / prefill {prefill_ms:.1f} ms".format(
+                    **r.first_token_median))] if r.first_token_median else []),
             ("decode per token", f"{r.decode_ms_per_token:.3f} ms", ""),
             ("  by position (first/mid/last quarter)",
              " / ".join(f"{v:.3f}" for v in r.decode_ms_by_position.values()) + " ms", ""),

@@ -78,3 +78,16 @@ def test_preprocess_defaults_to_the_device_path_on_cuda(monkeypatch):
             pass
     assert seen == [("cuda", "device"), ("cpu", "exact"), ("cuda", "exact")]
     assert bench.default_preprocess("cuda") == "device" and bench.default_preprocess("cpu") == "exact"
+
+
+def test_bench_first_token_medians(art_a):
+    """first_token_runs: one-token calls after the timed page, their medians beside it (from the file, and its
+    parts), printed in the table; none by default on the CPU."""
+    from conftest import make_image
+    from edgeocr.bench import bench, format_table
+    img = make_image(5, (500, 700))
+    r = bench(art_a, img, tokens=2, first_token_runs=3)
+    m = r.first_token_median
+    assert m["runs"] == 3 and m["from_file_ms"] > m["vision_ms"] > 0 and m["prefill_ms"] > 0
+    assert "median of 3 calls" in format_table(r)
+    assert bench(art_a, img, tokens=2).first_token_median is None
