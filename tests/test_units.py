@@ -215,3 +215,29 @@ def test_vision_arena_setting(monkeypatch):
     monkeypatch.setenv("EDGEOCR_VISION_ARENA", "small")
     with pytest.raises(ValueError, match="EDGEOCR_VISION_ARENA must be 'shrink' or 'keep', not 'small'"):
         vision_shrink_wanted()
+
+
+def test_is_blank_at_the_ink_threshold():
+    """preprocess.is_blank: a page is blank while fewer than BLANK_MAX_INK of its pixels are ink; an RGB page (the
+    one-pass histogram) and the same page with a fourth channel (per-channel bincount) give the same answer."""
+    h, w = 400, 500
+    n = h * w
+    limit = int(np.ceil(preprocess.BLANK_MAX_INK * n))                      # this many ink pixels: not blank
+    rng = np.random.default_rng(0)
+    for ink, want in ((0, True), (limit - 1, True), (limit, False), (n // 10, False)):
+        page = np.full((h, w, 3), 235, np.uint8)
+        idx = rng.choice(n, ink, replace=False)
+        page.reshape(-1, 3)[idx, 1] = 235 - preprocess.INK_CONTRAST - 1         # ink in the green channel only
+        assert preprocess.is_blank(page) is want, ink
+        four = np.concatenate([page, np.full((h, w, 1), 255, np.uint8)], axis=2)
+        assert preprocess.is_blank(four) is want, ink
+        view = page[::-1, ::2]                                                    # strided, not contiguous
+        assert preprocess.is_blank(view) is _blank_reference(view), ink
+
+
+def _blank_reference(rgb):
+    levels, ink = np.arange(256), 0
+    for c in range(rgb.shape[2]):
+        hist = np.bincount(rgb[..., c].ravel(), minlength=256)
+        ink = max(ink, int(hist[np.abs(levels - int(np.argmax(hist))) > preprocess.INK_CONTRAST].sum()))
+    return ink < preprocess.BLANK_MAX_INK * rgb.shape[0] * rgb.shape[1]
