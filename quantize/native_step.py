@@ -1,6 +1,6 @@
 """The decoder's weights for edgeocr's own decode step: one file the CUDA kernels and ONNX Runtime share.
 
-    python -m quantize native-step ARTIFACT OUT [--weights float|int8] [--vision float|int8]
+    python -m quantize native-step ARTIFACT OUT [--weights float|int8] [--vision float|int8] [--embedding float|int8]
 
 For an FP16 or FP32 artifact exported with `--attention gqa --select-on-device`, fused or not (not weight-INT8,
 not step state).  A decode step on ONNX Runtime's CUDA provider launches ~15 kernels a layer, each a few
@@ -24,6 +24,11 @@ their bytes.  The embedding, the norms and the lm_head stay in the artifact's pr
 about 2/3 of the FP16 step's weight bytes (computed).  With `--weights int8` the vision graph's MatMul weights become
 8-bit MatMulNBits blocks of 32 too (`--vision float` keeps them): the vision encoder's 0.8 GB of FP16 weights are
 most of what the 8-bit form would otherwise hold beside its decoder (`quantize weight-int8` does the same to it).
+
+With `--embedding int8` the embedding (the tied lm_head; an untied lm_head too) is stored as 8-bit blocks of 32 along
+its rows the same way: the prefill's embedding lookup becomes com.microsoft GatherBlockQuantized and its lm_head
+MatMulNBits over those bytes, and the native step reads them through its 8-bit embedding and lm_head kernels
+(the real decoder's 236 MiB embedding takes 125 MiB).
 
 The manifest's `graphs.decoder.native_step` indexes the file ({"tensors": name -> offset, shape}) and maps each
 graph input to its tensor and first row ({"inputs": name -> [tensor, row, shape]}).  Weights are found by the
@@ -140,7 +145,7 @@ def find_weights(model, text: dict) -> tuple[dict[str, np.ndarray], dict[str, tu
 
 
 def rewire(model, inputs: dict[str, tuple[str, int, list[int]]], rewrites: list, tensors: dict[str, np.ndarray],
-           bits: int | None = None) -> dict[str, int]:
+           bits: int | None = None, embedding_bits: int | None = None) -> dict[str, int]:
     """The weight MatMuls -> FusedMatMul(x, input, transB=1), or with 8-bit weights MatMulNBits(x, input,
     input.scales) over the same bytes; the embedding and lm_head initializers -> inputs of the same tensors; every
     initializer no node reads any more is dropped."""
@@ -169,6 +174,9 @@ def rewire(model, inputs: dict[str, tuple[str, int, list[int]]], rewrites: list,
                     if x == n.output[0]:
                         m.input[j] = n.input[0]
             g.node.remove(n)
+    done = {}
+    if embedding_bits:
+        done["embedding_8bit_nodes"] = _rewire_embedding(g, inputs, tensors)
     used = {x for n in g.node for x in n.input}
     keep = [i for i in g.initializer if i.name in used]
     dropped = len(g.initializer) - len(keep)
@@ -185,7 +193,76 @@ def rewire(model, inputs: dict[str, tuple[str, int, list[int]]], rewrites: list,
     if not any(op.domain == "com.microsoft" for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return {("matmul_nbits" if bits else "fused_matmuls"): len(rewrites), "initializers_dropped": dropped,
-            "weight_inputs": len(inputs)}
+            "weight_inputs": len(inputs), **done}
+
+
+NBITS = ".nbits"                              # an 8-bit embedding read by MatMulNBits: its input's name + this
+
+
+def _rewire_embedding(g, inputs: dict, tensors: dict[str, np.ndarray]) -> int:
+    """The nodes reading an 8-bit embedding or lm_head (native.embed, native.lm_head) onto its blocks:
+    Gather(table, ids) -> GatherBlockQuantized(table, ids, scales); the lm_head, Gemm(h, table, transB=1) or the
+    exported Transpose(h) -> MatMul(table, .) -> Transpose, -> MatMulNBits(h, table as [V, H / 32, 32], scales).
+    Returns the nodes rewritten; a node of any other kind reading the table is refused."""
+    from onnx import helper
+
+    consumers = {}
+    for n in g.node:
+        for x in n.input:
+            consumers.setdefault(x, []).append(n)
+    producer = {o: n for n in g.node for o in n.output}
+    count = 0
+    for tensor in ("embed", "lm_head"):
+        name = INPUT_PREFIX + tensor
+        if tensor + SCALES not in tensors:
+            continue
+        v, k = tensors[tensor].shape
+        scales = (tensor + SCALES, 0, [v, k // BLOCK])
+        nbits = (name + NBITS, (tensor, 0, [v, k // BLOCK, BLOCK]), (tensor + SCALES, 0, [v * (k // BLOCK)]))
+        for n in list(consumers.get(name, [])):
+            attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+            if n.op_type == "Gather" and list(n.input[:1]) == [name] and attrs.get("axis", 0) == 0:
+                new = helper.make_node("GatherBlockQuantized", [name, n.input[1], name + SCALES], list(n.output),
+                                       name=n.name + "_q8", domain="com.microsoft", gather_axis=0, quantize_axis=1,
+                                       block_size=BLOCK, bits=8)
+                inputs[name + SCALES] = scales
+                g.node.insert(list(g.node).index(n), new)
+                g.node.remove(n)
+            elif (n.op_type == "Gemm" and list(n.input) == [n.input[0], name] and attrs.get("transB") == 1
+                  and not attrs.get("transA") and attrs.get("alpha", 1.0) == 1.0):
+                _matmul_nbits(g, n, n.input[0], n.output[0], nbits, v, k)
+            elif n.op_type == "MatMul" and n.input[0] == name:
+                tr, after = producer.get(n.input[1]), consumers.get(n.output[0], [])
+                ok = (tr is not None and tr.op_type == "Transpose" and len(after) == 1
+                      and after[0].op_type == "Transpose"
+                      and all(list(helper.get_attribute_value(a)) == [1, 0] for t in (tr, after[0])
+                              for a in t.attribute if a.name == "perm"))
+                if not ok:
+                    raise ValueError(f"the decoder's lm_head {n.name!r} reads {name} in a form this pass does not "
+                                     "rewrite for an 8-bit embedding (Gemm with transB, or Transpose-MatMul-"
+                                     "Transpose)")
+                _matmul_nbits(g, n, tr.input[0], after[0].output[0], nbits, v, k)
+                g.node.remove(after[0])
+                if len(consumers.get(tr.output[0], [])) == 1:
+                    g.node.remove(tr)
+            else:
+                raise ValueError(f"node {n.name!r} ({n.op_type}) reads the embedding {name}: this pass rewrites "
+                                 "only its Gather and the lm_head for --embedding int8")
+            count += 1
+        if any(x == name for m in g.node if m.op_type != "GatherBlockQuantized" for x in m.input):
+            raise ValueError(f"{name} is still read as a float table after --embedding int8")
+        inputs[nbits[0]], inputs[nbits[0] + SCALES] = nbits[1], nbits[2]
+    return count
+
+
+def _matmul_nbits(g, node, a: str, out: str, nbits: tuple, v: int, k: int) -> None:
+    """node -> MatMulNBits(a, the 8-bit table, its scales) -> out, in node's place."""
+    from onnx import helper
+
+    new = helper.make_node("MatMulNBits", [a, nbits[0], nbits[0] + SCALES], [out], name=node.name + "_q8",
+                           domain="com.microsoft", K=k, N=v, bits=8, block_size=BLOCK)
+    g.node.insert(list(g.node).index(node), new)
+    g.node.remove(node)
 
 
 def quantize_rows(a: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
@@ -233,15 +310,17 @@ def write_weights(path: Path, tensors: dict[str, np.ndarray]) -> dict[str, dict]
 
 
 def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "float",
-                         vision: str | None = None) -> af.Artifact:
+                         vision: str | None = None, embedding: str = "float") -> af.Artifact:
     """ARTIFACT -> OUT with the decoder's weights in decoder_step.bin and read by the graph as inputs (module
     doc).  weights "int8": the layers' projections as 8-bit blocks (MatMulNBits' layout, read by the native step's
     8-bit kernels and by the graph); the embedding, the norms and the lm_head stay in the artifact's precision.
     vision "int8" (the default with 8-bit weights): the vision graph's MatMul weights as 8-bit MatMulNBits blocks
     of 32 (quantize.weight_int8); "float" (the default otherwise): the vision graph is copied.  The tokenizer is
-    copied."""
+    copied.  embedding "int8": the embedding (and an untied lm_head) as 8-bit blocks of 32 (module doc)."""
     if weights not in ("float", "int8"):
         raise ValueError(f"weights must be 'float' or 'int8', not {weights!r}")
+    if embedding not in ("float", "int8"):
+        raise ValueError(f"embedding must be 'float' or 'int8', not {embedding!r}")
     vision = vision or ("int8" if weights == "int8" else "float")
     if vision not in ("float", "int8"):
         raise ValueError(f"vision must be 'float' or 'int8', not {vision!r}")
@@ -269,6 +348,9 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
     widths = {"hidden": t["hidden_size"], "attention": t["num_heads"] * t["head_dim"],
               "intermediate": t["intermediate_size"]}
     odd = {k: v for k, v in widths.items() if v % BLOCK}
+    if embedding == "int8" and widths["hidden"] % BLOCK:
+        raise ValueError(f"{src}: an 8-bit embedding takes blocks of {BLOCK} along its rows, and this decoder's "
+                         f"hidden width {widths['hidden']} is not a multiple of {BLOCK}")
     if weights == "int8" and odd:
         what = ", ".join(f"{k} width {v}" for k, v in odd.items())
         raise ValueError(f"{src}: 8-bit weights take blocks of {BLOCK} along each projection's input, and this "
@@ -284,7 +366,12 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
     act = next(iter(dtypes))
     if weights == "int8":
         quantize_projections(tensors, inputs)
-    done = rewire(model, inputs, rewrites, tensors, bits=8 if weights == "int8" else None)
+    if embedding == "int8":
+        for t in ("embed", "lm_head"):
+            if t in tensors:
+                tensors[t], tensors[t + SCALES] = quantize_rows(tensors[t])
+    done = rewire(model, inputs, rewrites, tensors, bits=8 if weights == "int8" else None,
+                  embedding_bits=8 if embedding == "int8" else None)
     save_graph(model, out / m.decoder.file)
     index = write_weights(out / WEIGHTS_FILE, tensors)
     written = {m.decoder.file, m.decoder.file + ".data"}
@@ -304,6 +391,7 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
         say(f"vision: {qdone} of {eligible} MatMul weights stored as 8-bit blocks of {BLOCK}")
     copy_unwritten(src, out, m.files, written)
     spec = {"version": NATIVE_STEP_VERSION, "file": WEIGHTS_FILE, "dtype": str(act), "weights": weights,
+            "embedding": embedding,
             "block": BLOCK if weights == "int8" else None,
             "tensors": index, "inputs": {k: [t, r, s] for k, (t, r, s) in inputs.items()}}
     report = {"version": NATIVE_STEP_VERSION, **done, "ops_before": before, "ops_after": op_counts(model),

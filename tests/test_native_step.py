@@ -215,13 +215,16 @@ def test_the_kernels_compile_for_orin_ada_and_hopper(arch):
         from dataclasses import replace
         for sms in (16, 132):
             for tc in (False, True) if with_tc else (False,):
-                symbols = {launch.symbol for q8 in (False, True)
-                           for launch in step_plan(replace(d, q8=q8), slots, sms, state=True, tensor_cores=tc)}
+                symbols = {launch.symbol for q8 in (False, True) for q8e in (False, True)
+                           for launch in step_plan(replace(d, q8=q8, q8_embed=q8e), slots, sms, state=True,
+                                                   tensor_cores=tc)}
                 missing = {s for s in symbols if s.encode() not in cubin}
                 assert not missing and "step_begin" in symbols, missing
                 pre = "tc_" if tc and slots >= 8 else ""
                 assert any(s.startswith(f"{pre}swiglu_q8_m{slots}_") for s in symbols), symbols
                 assert any(s.startswith(f"{pre}gemvf_m{slots}_") for s in symbols), symbols
+                assert any(s.startswith(f"{pre}gemvf_q8_m{slots}_") for s in symbols), symbols
+                assert "embed_rows_q8" in symbols
         assert (b"tc_gemv_m" in cubin) == (with_tc and slots >= TC_MIN_SLOTS)     # compiled only where taken
     assert TC_MIN_SLOTS > 1
 
@@ -263,7 +266,7 @@ def test_where_the_cuda_kernels_apply():
     assert "head size 24" in cuda_problem(replace(d, head_dim=24), 1, np.float16)
 
 
-@pytest.mark.parametrize("weights", ["float", "int8"])
+@pytest.mark.parametrize("weights", ["float", "int8", "int8-embedding"])
 def test_the_kernel_check_compares_each_launch_with_its_twin(arts, q8_arts, weights, monkeypatch):
     """CudaStep.check's bookkeeping (the GPU's per-kernel diagnostic) on the CPU: a stand-in module whose
     "launch" runs the numpy twin on the session's buffers in place.  Every output of every kernel is compared,
@@ -271,7 +274,7 @@ def test_the_kernel_check_compares_each_launch_with_its_twin(arts, q8_arts, weig
     from edgeocr.backends import native_step as ns
     from edgeocr.backends.memory import HostMemory
     monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "numpy")
-    m = OCRModel(arts["a-native"] if weights == "float" else q8_arts["a-q8"])
+    m = OCRModel({"float": arts["a-native"], "int8": q8_arts["a-q8"], "int8-embedding": q8_arts["a-q8e"]}[weights])
     _run(m, _pages(3), [4, 6, 5])
     s = m.session
     plan = ns.step_plan(s.dims, s.slots, state=True)
@@ -299,7 +302,8 @@ def test_the_kernel_check_compares_each_launch_with_its_twin(arts, q8_arts, weig
     step.calls = [(launch.symbol, launch.grid, launch.block, launch.args) for launch in plan]
     rows = step.check(plan, bufs, HostMemory(), s.w_dtype)
     kinds = {r["kernel"] for r in rows}
-    unused = {"gemv", "swiglu"} if weights == "int8" else {"gemv_q8", "swiglu_q8"}
+    unused = {"gemv", "swiglu"} if weights != "float" else {"gemv_q8", "swiglu_q8"}
+    unused |= {"embed_rows", "gemvf"} if weights == "int8-embedding" else {"embed_rows_q8", "gemvf_q8"}
     assert kinds == set(ns.OUTPUTS) - unused, kinds
     # the state's inputs (seen, ids, cos, sin); embedding, first norm (x, xn); a layer: q|k|v, RoPE (q, k, v),
     # attention (its counters, back at 0, and its output), o, norm (x, xn), SwiGLU, down, norm (x, xn); lm_head;
@@ -388,7 +392,63 @@ def q8_arts(arts, tmp_path_factory):
     from quantize.native_step import native_step_artifact
     root = tmp_path_factory.mktemp("native-q8")
     native_step_artifact(arts["a"], root / "a-q8", weights="int8")
-    return {"a-q8": root / "a-q8"}
+    native_step_artifact(arts["a"], root / "a-q8e", weights="int8", embedding="int8")      # tied, exported lm_head
+    native_step_artifact(arts["b-fused"], root / "b-fused-q8e", embedding="int8")          # untied, fused (Gemm)
+    return {"a-q8": root / "a-q8", "a-q8e": root / "a-q8e", "b-fused-q8e": root / "b-fused-q8e"}
+
+
+@pytest.mark.parametrize("name,src,tables", [("a-q8e", "a-native", ["embed"]),
+                                             ("b-fused-q8e", "b-fused-native", ["embed", "lm_head"])])
+def test_int8_embedding_is_read_from_its_blocks_by_both(arts, q8_arts, name, src, tables):
+    """--embedding int8: the embedding (and an untied lm_head) is uint8 [V, H] with a scale per 32 values; the
+    prefill looks rows up with GatherBlockQuantized and its lm_head is MatMulNBits over the same bytes (tied:
+    the one table serves both), no graph input is a float table, and the file holds a quarter of their bytes."""
+    import onnx
+    m = read(q8_arts[name])
+    spec, t = m.decoder.native_step, m.decoder.native_step["tensors"]
+    assert spec["embedding"] == "int8"
+    for tab in tables:
+        assert t[tab]["dtype"] == "uint8" and t[tab + ".scales"]["shape"] == [t[tab]["shape"][0],
+                                                                                 t[tab]["shape"][1] // 32]
+    g = onnx.load(str(q8_arts[name] / m.decoder.file), load_external_data=False).graph
+    ops = [n.op_type for n in g.node]
+    assert ops.count("GatherBlockQuantized") == 1 and "Gather" not in [
+        n.op_type for n in g.node if any(x.startswith("native.") for x in n.input)]
+    lm = [n for n in g.node if n.op_type == "MatMulNBits" and n.input[1].startswith("native." + tables[-1])]
+    assert len(lm) == 1 and lm[0].output[0] in {o for n in g.node for o in n.input} | {o.name for o in g.output}
+    floats = {i.name for i in g.input if i.name.startswith("native.") and i.type.tensor_type.elem_type != 2
+              and not i.name.endswith(".scales") and i.name.split(".")[1] in ("embed", "lm_head")}
+    assert not floats, floats
+    text = m.model["text"]
+    assert all(t[x]["shape"] == [text["vocab_size"], text["hidden_size"]] for x in tables)
+    assert m.export["native_step"]["embedding_8bit_nodes"] == 2             # the lookup and the lm_head
+    ref = read(arts[src] if src in arts else q8_arts[src]).decoder.native_step
+    size = lambda spec, x: int(np.prod(spec["tensors"][x]["shape"])) * np.dtype(spec["tensors"][x].get(    # noqa: E731
+        "dtype", spec["dtype"])).itemsize
+    assert all(size(spec, x) * 4 == size(ref, x) for x in tables)           # FP32 tables -> one byte a value
+
+
+@pytest.mark.parametrize("name", ["a-q8e", "b-fused-q8e"])
+def test_int8_embedding_same_tokens_as_onnx_runtimes_step(q8_arts, name, monkeypatch):
+    """The 8-bit embedding and lm_head twins give the tokens of ONNX Runtime's step (GatherBlockQuantized,
+    MatMulNBits) over the same bytes, 7 pages through 3 slots."""
+    pages = _pages(7)
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
+    ref = _run(OCRModel(q8_arts[name]), pages)
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "numpy")
+    model = OCRModel(q8_arts[name])
+    assert model.session.dims.q8_embed
+    from edgeocr.backends.native_step import step_plan
+    assert {launch.kernel for launch in step_plan(model.session.dims, 3)} >= {"embed_rows_q8", "gemvf_q8"}
+    assert _run(model, pages) == ref
+    assert len({tuple(r) for r in ref}) > 3
+
+
+def test_int8_embedding_refused_where_blocks_do_not_fit(arts, tmp_path):
+    from quantize.native_step import native_step_artifact
+    with pytest.raises(ValueError, match="embedding must be"):
+        native_step_artifact(arts["a"], tmp_path / "q", embedding="int4")
+    assert not (tmp_path / "q").exists()
 
 
 def test_int8_weights_are_matmul_nbits_blocks_read_by_both(arts, q8_arts):

@@ -14,7 +14,8 @@ logits) and its static KV cache, which the prefill wrote.
                slots or more (8 for outputs under 2,048 rows) where the reduction size is a multiple of 32, else on
                the CUDA cores (decode_gemv.cu)
     around     embedding rows and the first RMSNorm; the lm_head GEMV (fp32 logits), the repetition penalty
-               and the argmax in two passes
+               and the argmax in two passes (the embedding rows and the lm_head from 8-bit blocks with
+               `quantize native-step --embedding int8`)
 
 The same launch list runs two ways: `CudaStep` compiles the kernels with NVRTC for the GPU it finds (head size,
 query group and slot count as compile-time constants) and replays the list as one CUDA graph; `NumpyStep` runs
@@ -70,6 +71,7 @@ class Dims:
     eps: float
     lm_head: str             # the tensor of the output projection: "lm_head", or "embed" when tied
     q8: bool = False         # the layers' projections as 8-bit blocks of 32 (quantize native-step --weights int8)
+    q8_embed: bool = False   # the embedding (and an untied lm_head) as 8-bit blocks of 32 (--embedding int8)
 
     @property
     def qkv(self) -> int:
@@ -86,7 +88,7 @@ class Dims:
         return cls(layers=t["num_layers"], hidden=t["hidden_size"], inter=t["intermediate_size"], nq=t["num_heads"],
                    kvh=t["num_kv_heads"], head_dim=t["head_dim"], vocab=t["vocab_size"], cache_len=art.kv.cache_len,
                    eps=float(t["rms_norm_eps"]), lm_head="lm_head" if "lm_head" in spec["tensors"] else "embed",
-                   q8=spec.get("weights") == "int8")
+                   q8=spec.get("weights") == "int8", q8_embed=spec.get("embedding") == "int8")
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ def step_plan(d: Dims, slots: int, sms: int = 1, state: bool = False, tensor_cor
         ks = _ks_tc(rows, sms) if tc else _ks(rows, sms)
         grid = (-(-rows // (16 * (8 // ks) if tc else 8 // ks)),)
         pre = "tc_" if tc else ""
-        if d.q8 and w != f"w.{d.lm_head}":         # a layer's projection: 8-bit weights and their scales
+        if d.q8_embed if w == f"w.{d.lm_head}" else d.q8:      # 8-bit weights and their scales
             return Launch(kind + "_q8", f"{pre}{kind}_q8_m{n}_ks{ks}", grid, (256,),
                           (x, w, w + ".scales", y, i_(rows), i_(k), *extra))
         return Launch(kind, f"{pre}{kind}_m{n}_ks{ks}", grid, (256,), (x, w, y, i_(rows), i_(k), *extra))
@@ -140,7 +142,10 @@ def step_plan(d: Dims, slots: int, sms: int = 1, state: bool = False, tensor_cor
     plan = [Launch("step_begin", "step_begin", (n,), (128,), ("next", "live", "lens", "table_cos", "table_sin", "seen",
                                                                "ids", "cos", "sin", i_(d.vocab), i_(d.head_dim)))] \
         if state else []
-    plan += [Launch("embed_rows", "embed_rows", (n,), (256,), ("ids", "w.embed", "x", i_(d.hidden))),
+    plan += [Launch("embed_rows_q8", "embed_rows_q8", (n,), (256,), ("ids", "w.embed", "w.embed.scales", "x",
+                                                                      i_(d.hidden)))
+             if d.q8_embed else
+             Launch("embed_rows", "embed_rows", (n,), (256,), ("ids", "w.embed", "x", i_(d.hidden))),
              norm(None, "w.layers.0.ln1")]
     for li in range(d.layers):
         w = f"w.layers.{li}."
@@ -214,6 +219,10 @@ class NumpyStep:
     def k_embed_rows(self, L, ids, table, x, h):
         x[...] = table[ids.reshape(-1)[:x.shape[0]]]
 
+    def k_embed_rows_q8(self, L, ids, table, scales, x, h):
+        rows = ids.reshape(-1)[:x.shape[0]]
+        x[...] = self.deq(table[rows], scales[rows])
+
     def k_add_rmsnorm(self, L, x, delta, gamma, xn, h, eps):
         if delta is not None:
             x[...] = self.f(x) + self.f(delta)
@@ -235,6 +244,9 @@ class NumpyStep:
 
     def k_gemv_q8(self, L, x, w, scales, y, n, k):
         y[...] = self.f(x) @ self.deq(w, scales).T
+
+    def k_gemvf_q8(self, L, x, w, scales, y, n, k):
+        y[...] = self.rd(self.f(x) @ self.deq(w, scales).T)
 
     def k_swiglu_q8(self, L, x, w, scales, y, n, k, gate_mul, up_off):
         self.k_swiglu(L, x, self.deq(w, scales), y, n, k, gate_mul, up_off)
@@ -301,8 +313,9 @@ class NumpyStep:
 
 # ---------------------------------------------------------------------------------------------- CUDA
 # what each kernel writes (argument positions) that its numpy twin computes too
-OUTPUTS = {"step_begin": (5, 6, 7, 8), "embed_rows": (2,), "add_rmsnorm": (0, 3), "gemv": (2,), "gemvf": (2,),
-           "swiglu": (2,), "gemv_q8": (3,), "swiglu_q8": (3,), "rope_qknorm_append": (6, 7, 8), "attn_decode": (6, 7),
+OUTPUTS = {"step_begin": (5, 6, 7, 8), "embed_rows": (2,), "embed_rows_q8": (3,), "add_rmsnorm": (0, 3), "gemv": (2,),
+           "gemvf": (2,), "swiglu": (2,), "gemv_q8": (3,), "gemvf_q8": (3,), "swiglu_q8": (3,),
+           "rope_qknorm_append": (6, 7, 8), "attn_decode": (6, 7),
            "select_final": (2, 5)}
 SOURCE = ('#include "decode_gemv.cu"\n#include "decode_gemv_tc.cu"\n#include "decode_attention.cu"\n'
           '#include "decode_step.cu"\n')
@@ -424,6 +437,8 @@ def cuda_problem(d: Dims, slots: int, dtype) -> str | None:
         return "a hidden, intermediate or attention width that is not a multiple of 8"
     if d.q8 and (d.hidden % 32 or d.inter % 32 or (d.nq * d.head_dim) % 32):
         return "8-bit weights with a reduction size that is not a multiple of 32"
+    if d.q8_embed and d.hidden % 32:
+        return "an 8-bit embedding with a hidden width that is not a multiple of 32"
     if d.nq % d.kvh:
         return f"{d.nq} query heads over {d.kvh} key/value heads"
     return None
@@ -448,9 +463,10 @@ def spec_problem(art: Artifact, directory: Path | None = None) -> str | None:
         return "native_step needs a tensors object and an inputs object"
     if not isinstance(f, str) or not f or Path(f).name != f or f in (".", ".."):
         return f"native_step.file must be a file name inside the artifact, not {f!r}"
-    act, weights = spec.get("dtype"), spec.get("weights", "float")
-    if act not in _FLOATS or weights not in ("float", "int8"):
-        return f"native_step: dtype {act!r} / weights {weights!r} (float16 or float32 / float or int8)"
+    act, weights, embedding = spec.get("dtype"), spec.get("weights", "float"), spec.get("embedding", "float")
+    if act not in _FLOATS or weights not in ("float", "int8") or embedding not in ("float", "int8"):
+        return (f"native_step: dtype {act!r} / weights {weights!r} / embedding {embedding!r} (float16 or float32 / "
+                "float or int8 / float or int8)")
     t = art.model["text"]
     H, inter, V, d = t["hidden_size"], t["intermediate_size"], t["vocab_size"], t["head_dim"]
     nq, kvh = t["num_heads"], t["num_kv_heads"]
@@ -462,15 +478,18 @@ def spec_problem(art: Artifact, directory: Path | None = None) -> str | None:
         want.update({p + "qkv": [(nq + 2 * kvh) * d, H], p + "o": [H, nq * d], p + "gate_up": [2 * inter, H],
                      p + "down": [H, inter], p + "ln1": [H], p + "ln2": [H], p + "qn": [d], p + "kn": [d]})
     projections = [k for k in want if k.rsplit(".", 1)[-1] in ("qkv", "o", "gate_up", "down")]
-    if weights == "int8":
-        want.update({k + ".scales": [want[k][0], want[k][1] // 32] for k in projections})
+    if weights != "int8":
+        projections = []
+    if embedding == "int8":
+        projections += [k for k in ("embed", "lm_head") if k in want]
+    want.update({k + ".scales": [want[k][0], want[k][1] // 32] for k in projections})
     size = (Path(directory) / f).stat().st_size if directory is not None and (Path(directory) / f).is_file() else None
     for name, shape in want.items():
         e = tensors.get(name)
         if not isinstance(e, dict):
             return f"native_step.tensors has no {name!r}"
         dt = e.get("dtype", act)
-        ok_dt = "uint8" if weights == "int8" and name in projections else act
+        ok_dt = "uint8" if name in projections else act
         if dt != ok_dt:
             return f"native_step tensor {name} is {dt}, expected {ok_dt}"
         if e.get("shape") != shape:

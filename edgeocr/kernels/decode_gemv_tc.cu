@@ -6,6 +6,7 @@
 //   tc_gemvf_m{M}_ks{KS}(x, w, y, n, k)                   the same, y fp32 rounded through fp16 first
 //   tc_swiglu_m{M}_ks{KS}(x, w, y, n, k, gate_mul, up_off) y[m, r] = silu(g) * u (decode_gemv.cu's swiglu)
 //   tc_gemv_q8_m{M}_ks{KS}(x, w, scales, y, n, k)          8-bit weights, blocks of 32 along k (decode_gemv.cu)
+//   tc_gemvf_q8_m{M}_ks{KS}(x, w, scales, y, n, k)         the same, y fp32 rounded through fp16 first (the lm_head)
 //   tc_swiglu_q8_m{M}_ks{KS}(x, w, scales, y, n, k, gate_mul, up_off)
 //
 // A warp computes 16 output rows for all M <= 8 slots at once: the weights are the 16 x 16 A operand, the
@@ -209,9 +210,9 @@ __device__ __forceinline__ void tc_swiglu_body(const half_t* __restrict__ x, con
   if (tc_reduce<KS, 2>(c, warp, lane) && live) TC_OUT(y[(size_t)m * n + row] = swiglu_out(c[0][j], c[1][j]))
 }
 
-template <int M, int KS>
+template <int M, int KS, typename OutT>
 __device__ __forceinline__ void tc_gemv_q8_body(const half_t* __restrict__ x, const unsigned char* __restrict__ w,
-                                                const half_t* __restrict__ scales, half_t* __restrict__ y, int n,
+                                                const half_t* __restrict__ scales, OutT* __restrict__ y, int n,
                                                 int k) {
   TC_SETUP
   float c[1][4] = {{0.f, 0.f, 0.f, 0.f}};
@@ -222,7 +223,7 @@ __device__ __forceinline__ void tc_gemv_q8_body(const half_t* __restrict__ x, co
     const half_t* sb[1] = {scales + (size_t)rb_row * steps};
     tc_dot_q8<KS, 1>(xr, has_x, ra, rb, sa, sb, steps, warp % KS, t, c);
   }
-  if (tc_reduce<KS, 1>(c, warp, lane) && live) TC_OUT(y[(size_t)m * n + row] = f2h(c[0][j]))
+  if (tc_reduce<KS, 1>(c, warp, lane) && live) TC_OUT(tc_store(y, (size_t)m * n + row, c[0][j]))
 }
 
 template <int M, int KS>
@@ -259,6 +260,11 @@ __device__ __forceinline__ void tc_swiglu_q8_body(const half_t* __restrict__ x, 
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       tc_gemv_q8_m##MM##_ks##KS(const half_t* x, const unsigned char* w, const half_t* s, half_t* y, int n,   \
                                 int k) {                                                                     \
+    tc_gemv_q8_body<MM, KS>(x, w, s, y, n, k);                                                               \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(256)                                                          \
+      tc_gemvf_q8_m##MM##_ks##KS(const half_t* x, const unsigned char* w, const half_t* s, float* y, int n,   \
+                                 int k) {                                                                    \
     tc_gemv_q8_body<MM, KS>(x, w, s, y, n, k);                                                               \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \

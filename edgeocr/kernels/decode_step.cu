@@ -5,6 +5,7 @@
 // (half.cuh).  Every kernel has a numpy twin in edgeocr/backends/native_step.py that the CPU tests run.
 //
 //   embed_rows(ids, table, x, h)                       grid (N), 256 threads
+//   embed_rows_q8(ids, table, scales, x, h)            the same from an 8-bit table (blocks of 32 along h)
 //       x[s] = table[ids[s]]                           ids: [N, 1] int64; table [V, h]; x [N, h]
 //   add_rmsnorm(x, delta, gamma, xn, h, eps)           grid (N), 256 threads
 //       x[s] += delta[s] (the residual, fp16; delta may be null), then xn[s] = gamma * rms_norm(x[s])
@@ -48,6 +49,17 @@ extern "C" __global__ void __launch_bounds__(256)
   const int s = blockIdx.x;
   const long long id = ids[s];
   for (int j = threadIdx.x; j < h; j += blockDim.x) x[(size_t)s * h + j] = table[(size_t)id * h + j];
+}
+
+// the rows of an 8-bit table (blocks of 32 along h, a weight is (q - 128) * scale), rounded to fp16 as ONNX Runtime's
+// GatherBlockQuantized gives them to the prefill
+extern "C" __global__ void __launch_bounds__(256)
+    embed_rows_q8(const long long* __restrict__ ids, const unsigned char* __restrict__ table,
+                  const half_t* __restrict__ scales, half_t* __restrict__ x, int h) {
+  const int s = blockIdx.x;
+  const long long id = ids[s];
+  for (int j = threadIdx.x; j < h; j += blockDim.x)
+    x[(size_t)s * h + j] = f2h(((float)table[(size_t)id * h + j] - 128.f) * h2f(scales[(size_t)id * (h >> 5) + (j >> 5)]));
 }
 
 extern "C" __global__ void __launch_bounds__(256)
