@@ -8,7 +8,7 @@
 #   3. `edgeocr bench` of both native-step artifacts with the native step and with ONNX Runtime's step
 #      (EDGEOCR_NATIVE_STEP=1 / 0: the same weights, the same prefill), and of the fused artifact they were made from
 #   4. the kernels of a decode step (gpu_profile.py) and device memory after two pages (gpu_perf.py memory, the
-#      runtime's settings and the tuned ones)
+#      runtime's settings and the tuned ones); native8e: 8-bit weights and an 8-bit embedding (--embedding int8)
 #   5. tokens of the native step against ONNX Runtime's on two eval pages (64 tokens, past the end token)
 #   6. as time allows: the decode-kernel microbenchmark against cuBLAS and SDPA (gpu_decode_kernels.py)
 # Results in $OUT: summary.json, bench.txt, profile.txt, run.log.
@@ -55,10 +55,11 @@ else
 fi
 [ -f $W/export/manifest.json ] || step export $PY -m quantize export $CKPT $W/export --precision $PRECISION \
   --attention gqa --select-on-device $EXPORT_ARGS
-rm -rf $W/fused $W/native $W/native8
+rm -rf $W/fused $W/native $W/native8 $W/native8e
 step fuse $PY -m quantize fuse $W/export $W/fused --target $TARGET
 step native $PY -m quantize native-step $W/${NATIVE_FROM:-fused} $W/native
 step native8 $PY -m quantize native-step $W/${NATIVE_FROM:-fused} $W/native8 --weights int8
+step native8e $PY -m quantize native-step $W/${NATIVE_FROM:-fused} $W/native8e --weights int8 --embedding int8
 
 # 2. each kernel against its numpy twin, after a page's prefill and 16 steps
 step check env EDGEOCR_NATIVE_STEP=$NATIVE $PY - "$R/check.json" $W/native $DEV "$IMG" <<'EOF'
@@ -98,6 +99,8 @@ bench native_ort_step $W/native 0
 bench fused $W/fused 0
 bench native8 $W/native8 $NATIVE
 bench native8_ort_step $W/native8 0
+bench native8e $W/native8e $NATIVE
+bench native8e_ort_step $W/native8e 0
 
 # 4. kernels per decode step, device memory
 if [ $MODE = gpu ]; then
@@ -112,7 +115,7 @@ for s in d['stages']:
     for k in s['top']: print(f\"   {k['ms']:8.3f} ms {k['count']:6.1f}x  {k['kernel'][:110]}\")
 print()" >> "$OUT/profile.txt"
   done
-  for art in native native8; do
+  for art in native native8 native8e; do
     for config in runtime tuned; do
       step memory_${art}_$config env EDGEOCR_NATIVE_STEP=1 $PY scripts/gpu_perf.py memory $W/$art --config $config \
         --device cuda --tokens $TOKENS --image "$IMG" --json "$R/memory_${art}_$config.json"
@@ -150,7 +153,8 @@ import glob, json, os, sys
 r, out = sys.argv[1:]
 summary = {os.path.basename(f)[:-5]: json.load(open(f)) for f in sorted(glob.glob(os.path.join(r, "*.json")))}
 json.dump(summary, open(out, "w"), indent=1)
-for k in ("bench_native", "bench_native_ort_step", "bench_fused", "bench_native8", "bench_native8_ort_step"):
+for k in ("bench_native", "bench_native_ort_step", "bench_fused", "bench_native8", "bench_native8_ort_step",
+          "bench_native8e", "bench_native8e_ort_step"):
     e = summary.get(k, {}).get("edgeocr")
     if e:
         print(f"{k}: decode {e['decode_ms_per_token']:.3f} ms/token, first token {e['first_token_ms']:.1f} ms, "

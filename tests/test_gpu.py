@@ -192,7 +192,10 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch):
     ref = OCRModel(tmp_path / "native", device="cuda")
     assert ref.session.engine == "onnxruntime"
     want = dict(ref.recognize_many(pages, task="structured_parse", options=o))
-    assert {i: r.token_ids for i, r in got.items()} == {i: r.token_ids for i, r in want.items()}
+    a, b = ({i: r.token_ids for i, r in d.items()} for d in (got, want))
+    where = {i: (next((k for k, (x, y) in enumerate(zip(a[i], b[i])) if x != y), min(len(a[i]), len(b[i]))),
+                 len(a[i]), len(b[i])) for i in a if a[i] != b.get(i)}
+    assert a == b, f"pages differing (first differing token, native length, ONNX Runtime length): {where}"
 
 
 @pytest.mark.parametrize("weights", ["float", "int8"])
