@@ -115,7 +115,7 @@ class DevicePreparer(Preparer):
 
     def _fit(self, img, size):
         rgb = np.asarray(img)                                              # [H, W, 3] uint8
-        return rgb, preprocess.letterbox_geometry(*size, self.spec.canvas), rgb    # blank check on the source
+        return rgb, preprocess.letterbox_geometry(*size, self.spec.canvas), img    # blank check on the source
 
     def pixels(self, prep: Prepared):
         out, _ = self.graph(prep.pixels, (prep.letterbox.width, prep.letterbox.height))

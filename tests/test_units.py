@@ -231,6 +231,10 @@ def test_is_blank_at_the_ink_threshold():
         assert preprocess.is_blank(page) is want, ink
         four = np.concatenate([page, np.full((h, w, 1), 255, np.uint8)], axis=2)
         assert preprocess.is_blank(four) is want, ink
+        from PIL import Image
+        assert preprocess.is_blank(Image.fromarray(page)) is want, ink              # a PIL image: its histogram
+        assert preprocess.is_blank(Image.fromarray(page).convert("L")) is _blank_reference(
+            np.repeat(np.asarray(Image.fromarray(page).convert("L"))[..., None], 3, axis=2)), ink
         view = page[::-1, ::2]                                                    # strided, not contiguous
         assert preprocess.is_blank(view) is _blank_reference(view), ink
 
