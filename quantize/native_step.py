@@ -49,7 +49,7 @@ from edgeocr import artifact as af
 
 log = logging.getLogger("edgeocr.quantize")
 
-NATIVE_STEP_VERSION = 1
+NATIVE_STEP_VERSION = 1                       # 2 with an 8-bit embedding (an older runtime refuses it by name)
 WEIGHTS_FILE = "decoder_step.bin"
 ALIGN = 256                                   # bytes: every tensor starts on a 256-byte boundary
 INPUT_PREFIX = "native."
@@ -197,6 +197,7 @@ def rewire(model, inputs: dict[str, tuple[str, int, list[int]]], rewrites: list,
 
 
 NBITS = ".nbits"                              # an 8-bit embedding read by MatMulNBits: its input's name + this
+ZERO_POINTS = ".zero_points"                  # GatherBlockQuantized's zero points (128), a graph initializer
 
 
 def _rewire_embedding(g, inputs: dict, tensors: dict[str, np.ndarray]) -> int:
@@ -204,7 +205,7 @@ def _rewire_embedding(g, inputs: dict, tensors: dict[str, np.ndarray]) -> int:
     Gather(table, ids) -> GatherBlockQuantized(table, ids, scales); the lm_head, Gemm(h, table, transB=1) or the
     exported Transpose(h) -> MatMul(table, .) -> Transpose, -> MatMulNBits(h, table as [V, H / 32, 32], scales).
     Returns the nodes rewritten; a node of any other kind reading the table is refused."""
-    from onnx import helper
+    from onnx import helper, numpy_helper
 
     consumers = {}
     for n in g.node:
@@ -222,7 +223,11 @@ def _rewire_embedding(g, inputs: dict, tensors: dict[str, np.ndarray]) -> int:
         for n in list(consumers.get(name, [])):
             attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
             if n.op_type == "Gather" and list(n.input[:1]) == [name] and attrs.get("axis", 0) == 0:
-                new = helper.make_node("GatherBlockQuantized", [name, n.input[1], name + SCALES], list(n.output),
+                # the zero point 128 given explicitly: some ONNX Runtime CUDA kernels of this op took 0 for uint8
+                zp = name + ZERO_POINTS
+                if zp not in {i.name for i in g.initializer}:
+                    g.initializer.append(numpy_helper.from_array(np.full((v, k // BLOCK), 128, np.uint8), zp))
+                new = helper.make_node("GatherBlockQuantized", [name, n.input[1], name + SCALES, zp], list(n.output),
                                        name=n.name + "_q8", domain="com.microsoft", gather_axis=0, quantize_axis=1,
                                        block_size=BLOCK, bits=8)
                 inputs[name + SCALES] = scales
@@ -235,8 +240,8 @@ def _rewire_embedding(g, inputs: dict, tensors: dict[str, np.ndarray]) -> int:
                 tr, after = producer.get(n.input[1]), consumers.get(n.output[0], [])
                 ok = (tr is not None and tr.op_type == "Transpose" and len(after) == 1
                       and after[0].op_type == "Transpose"
-                      and all(list(helper.get_attribute_value(a)) == [1, 0] for t in (tr, after[0])
-                              for a in t.attribute if a.name == "perm"))
+                      and all([list(helper.get_attribute_value(a)) for a in t.attribute if a.name == "perm"]
+                              == [[1, 0]] for t in (tr, after[0])))
                 if not ok:
                     raise ValueError(f"the decoder's lm_head {n.name!r} reads {name} in a form this pass does not "
                                      "rewrite for an 8-bit embedding (Gemm with transB, or Transpose-MatMul-"
@@ -390,8 +395,8 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
                          "matmuls_quantized": qdone, "matmuls_total": eligible}
         say(f"vision: {qdone} of {eligible} MatMul weights stored as 8-bit blocks of {BLOCK}")
     copy_unwritten(src, out, m.files, written)
-    spec = {"version": NATIVE_STEP_VERSION, "file": WEIGHTS_FILE, "dtype": str(act), "weights": weights,
-            "embedding": embedding,
+    spec = {"version": 2 if embedding == "int8" else NATIVE_STEP_VERSION, "file": WEIGHTS_FILE, "dtype": str(act),
+            "weights": weights, "embedding": embedding,
             "block": BLOCK if weights == "int8" else None,
             "tensors": index, "inputs": {k: [t, r, s] for k, (t, r, s) in inputs.items()}}
     report = {"version": NATIVE_STEP_VERSION, **done, "ops_before": before, "ops_after": op_counts(model),

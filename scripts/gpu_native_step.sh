@@ -9,7 +9,8 @@
 #      (EDGEOCR_NATIVE_STEP=1 / 0: the same weights, the same prefill), and of the fused artifact they were made from
 #   4. the kernels of a decode step (gpu_profile.py) and device memory after two pages (gpu_perf.py memory, the
 #      runtime's settings and the tuned ones); native8e: 8-bit weights and an 8-bit embedding (--embedding int8)
-#   5. tokens of the native step against ONNX Runtime's on two eval pages (64 tokens, past the end token)
+#   5. tokens of the native step against ONNX Runtime's on two eval pages (64 tokens, past the end token), FP16 and
+#      native8e (its GatherBlockQuantized prefill against the native 8-bit embedding)
 #   6. as time allows: the decode-kernel microbenchmark against cuBLAS and SDPA (gpu_decode_kernels.py)
 # Results in $OUT: summary.json, bench.txt, profile.txt, run.log.
 #   scripts/gpu_native_step.sh
@@ -124,7 +125,8 @@ print()" >> "$OUT/profile.txt"
 fi
 
 # 5. tokens: native step against ONNX Runtime's, same artifact
-step tokens $PY - "$R/tokens.json" $DEV $W/native $NATIVE <<'EOF'
+for art in native native8e; do
+step tokens_$art $PY - "$R/tokens_$art.json" $DEV $W/$art $NATIVE <<'EOF'
 import json, os, sys
 from pathlib import Path
 from edgeocr.dataset import load_dir
@@ -143,6 +145,7 @@ res = {"engines": [a, b], "identical": ta == tb,
        "first_divergence": [next((i for i, (x, y) in enumerate(zip(t, u)) if x != y), None) for t, u in zip(ta, tb)]}
 json.dump(res, open(out, "w"), indent=1); print(res)
 EOF
+done
 
 # 6. as time allows
 [ $MODE = gpu ] && in_time "decode kernels against cuBLAS" && step kernels $PY scripts/gpu_decode_kernels.py \

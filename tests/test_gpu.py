@@ -193,8 +193,9 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch):
     assert ref.session.engine == "onnxruntime"
     want = dict(ref.recognize_many(pages, task="structured_parse", options=o))
     a, b = ({i: r.token_ids for i, r in d.items()} for d in (got, want))
-    where = {i: (next((k for k, (x, y) in enumerate(zip(a[i], b[i])) if x != y), min(len(a[i]), len(b[i]))),
-                 len(a[i]), len(b[i])) for i in a if a[i] != b.get(i)}
+    where = {i: (next((k for k, (x, y) in enumerate(zip(a[i], b.get(i, []))) if x != y),
+                      min(len(a[i]), len(b.get(i, [])))),
+                 len(a[i]), len(b.get(i, []))) for i in a if a[i] != b.get(i)}
     assert a == b, f"pages differing (first differing token, native length, ONNX Runtime length): {where}"
 
 

@@ -444,11 +444,37 @@ def test_int8_embedding_same_tokens_as_onnx_runtimes_step(q8_arts, name, monkeyp
     assert len({tuple(r) for r in ref}) > 3
 
 
-def test_int8_embedding_refused_where_blocks_do_not_fit(arts, tmp_path):
+def test_int8_embedding_bad_choices_are_named(arts, tmp_path):
+    """An unknown --embedding is refused before anything is written; where the hidden width is not a multiple of
+    32 the CUDA kernels say why they cannot take an 8-bit embedding."""
+    from edgeocr.backends.native_step import Dims, cuda_problem
     from quantize.native_step import native_step_artifact
-    with pytest.raises(ValueError, match="embedding must be"):
+    with pytest.raises(ValueError, match="embedding must be 'float' or 'int8', not 'int4'"):
         native_step_artifact(arts["a"], tmp_path / "q", embedding="int4")
     assert not (tmp_path / "q").exists()
+    d = Dims(layers=2, hidden=40, inter=64, nq=2, kvh=1, head_dim=32, vocab=100, cache_len=64, eps=1e-5,
+             lm_head="embed", q8_embed=True)
+    assert "8-bit embedding" in cuda_problem(d, 1, np.float16)
+    assert cuda_problem(Dims(**{**d.__dict__, "hidden": 64}), 1, np.float16) is None
+
+
+def test_a_native_slot_prefilled_with_prompts_of_other_lengths(arts, q8_arts, monkeypatch):
+    """The kept prefill binding (its ~weight inputs bound once, OrtSession._prefill_binding) with the native
+    step's weights and an 8-bit embedding: prompts of other lengths one after another on one model give a fresh
+    model's tokens, on the numpy twins and on ONNX Runtime's step."""
+    from edgeocr import prompts
+    page = _pages(1)[0]
+    tasks = prompts.task_names()
+    o = DecodeOptions(max_new_tokens=5, repetition_penalty=1.2)
+    for mode in ("numpy", "0"):
+        monkeypatch.setenv("EDGEOCR_NATIVE_STEP", mode)
+        for art in (arts["a-native"], q8_arts["a-q8e"]):
+            model = OCRModel(art)
+            seq = [model.recognize(page, task=t, options=o) for t in tasks + tasks[:1]]
+            assert len({r.prompt_tokens for r in seq}) > 2
+            fresh = [OCRModel(art).recognize(page, task=t, options=o).token_ids for t in tasks]
+            assert [r.token_ids for r in seq] == fresh + fresh[:1]
+            assert len(model.session._pf_bindings) == 1
 
 
 def test_int8_weights_are_matmul_nbits_blocks_read_by_both(arts, q8_arts):
@@ -525,7 +551,7 @@ def _broken_copy(src, dst, edit):
 
 
 @pytest.mark.parametrize("case", ["row_past_tensor", "shape", "missing_tensor", "float_over_int8", "file_outside",
-                                  "unmapped_input"])
+                                  "unmapped_input", "unaligned_offset", "embedding_int8_over_float"])
 def test_a_malformed_native_step_entry_is_refused_at_load(arts, q8_arts, tmp_path, case, monkeypatch):
     """What a hand-edited or damaged manifest could make the graph read past a buffer or read uint8 as floats is
     an ArtifactError naming the entry, before anything is bound (a row past its tensor used to crash the
@@ -540,6 +566,9 @@ def test_a_malformed_native_step_entry_is_refused_at_load(arts, q8_arts, tmp_pat
         "float_over_int8": (lambda s: s.__setitem__("weights", "float"), "is uint8, expected float32"),
         "file_outside": (lambda s: s.__setitem__("file", "../x/decoder_step.bin"), "file name inside the artifact"),
         "unmapped_input": (lambda s: s["inputs"].pop("native.layers.0.qkv"), "does not map"),
+        "unaligned_offset": (lambda s: s["tensors"]["norm"].__setitem__("offset", s["tensors"]["norm"]["offset"] + 8),
+                             "norm has offset .* multiple of 256"),
+        "embedding_int8_over_float": (lambda s: s.__setitem__("embedding", "int8"), "embed is float32, expected uint8"),
     }
     edit, message = edits[case]
     art = _broken_copy(src, tmp_path / case, edit)

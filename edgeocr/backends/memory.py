@@ -53,7 +53,7 @@ class HostMemory:
 
     device = "cpu"
 
-    def alloc(self, shape, dtype) -> Buffer:
+    def alloc(self, shape, dtype, zero: bool = True) -> Buffer:
         a = np.zeros(shape, dtype)
         return Buffer(a.ctypes.data, tuple(shape), a.dtype, a)
 
@@ -110,11 +110,13 @@ class CudaMemory:
         self.ort = ort
         self.cuda = cudart.load()
 
-    def alloc(self, shape, dtype) -> Buffer:
+    def alloc(self, shape, dtype, zero: bool = True) -> Buffer:
+        """zero=False: left as cudaMalloc gives it (for a buffer the caller writes whole at once)."""
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         a = _Allocation(self.cuda, nbytes)
         buf = Buffer(a.ptr, tuple(shape), np.dtype(dtype), None, a)
-        self.cuda.memset(buf.ptr, max(1, buf.nbytes))
+        if zero:
+            self.cuda.memset(buf.ptr, max(1, buf.nbytes))
         return buf
 
     def write(self, buf: Buffer, data: np.ndarray, offset: int = 0) -> None:

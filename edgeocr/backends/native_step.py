@@ -455,8 +455,8 @@ def spec_problem(art: Artifact, directory: Path | None = None) -> str | None:
     spec = art.decoder.native_step
     if not isinstance(spec, dict):
         return f"native_step must be an object, not {type(spec).__name__}"
-    if spec.get("version") != 1:
-        return (f"native step weights of version {spec.get('version')!r}; this edgeocr reads version 1: run "
+    if spec.get("version") not in (1, 2):
+        return (f"native step weights of version {spec.get('version')!r}; this edgeocr reads versions 1 and 2: run "
                 "`python -m quantize native-step` again")
     tensors, inputs, f = spec.get("tensors"), spec.get("inputs"), spec.get("file")
     if not isinstance(tensors, dict) or not isinstance(inputs, dict):
@@ -495,8 +495,8 @@ def spec_problem(art: Artifact, directory: Path | None = None) -> str | None:
         if e.get("shape") != shape:
             return f"native_step tensor {name} has shape {e.get('shape')}, the model's sizes say {shape}"
         off = e.get("offset")
-        if not isinstance(off, int) or off < 0:
-            return f"native_step tensor {name} has offset {off!r}"
+        if not isinstance(off, int) or off < 0 or off % 256:
+            return f"native_step tensor {name} has offset {off!r} (a multiple of 256 expected)"
         end = off + int(np.prod(shape)) * np.dtype(dt).itemsize
         if size is not None and end > size:
             return f"{f}: tensor {name} runs past the end of the file (truncated?)"
@@ -571,7 +571,7 @@ class NativeStepSession(GqaSession):
             end = max(end, t["offset"] + int(np.prod(t["shape"])) * dt.itemsize)
             if end > raw.size:
                 raise ArtifactError(f"{f}: tensor {name} runs past the end of the file (truncated?)")
-        blob = self.mem.alloc((max(1, end),), np.uint8)
+        blob = self.mem.alloc((max(1, end),), np.uint8, zero=False)
         self.mem.write(blob, raw[:end])
         del raw
         self.weights = {name: self.mem.view(blob, t["offset"], tuple(t["shape"]), t.get("dtype", spec["dtype"]))

@@ -114,7 +114,7 @@ class OrtSession:
         # what a second decoder session for prefills beside the step needs (open_prefill_beside)
         self._path, self._so, self._pf_providers = path, so, providers
         self.prefill_decoder = None
-        self._pf_bindings = {}              # (beside, slot) -> the slot's prefill binding (_prefill_binding)
+        self._pf_bindings = {}              # (id(decoder session), slot) -> the prefill binding (_prefill_binding)
         self._ro_vision = None              # CUDA: the vision arena's free chunks go back after each call
         if device == "cuda":
             from edgeocr.ort_options import vision_run_options, vision_shrink_wanted
@@ -340,7 +340,10 @@ class OrtSession:
         """The prefill binding of `slot` on `decoder`, made on its first prefill with what never changes (the
         slot's image and cache rows, the length and logits buffers, a native-step artifact's ~100 weights): a
         prefill then rebinds only what has the prompt's length and the selection's rows, not ~200 inputs."""
-        b = self._pf_bindings.get((beside, slot))
+        key = (id(decoder), slot)
+        decoder_of, b = self._pf_bindings.get(key, (None, None))
+        if decoder_of is not decoder:           # none yet, or made on a session since replaced
+            b = None
         if b is None:
             b = decoder.io_binding()
             self._bind(b, "image_embeds", self.images[slot])
@@ -349,7 +352,7 @@ class OrtSession:
             self._bind(b, "logits", self.pf_logits if beside else self.logits, [1, self.vocab_size], index=0,
                        output=True)
             self._bind_prefill_static(b)
-            self._pf_bindings[(beside, slot)] = b
+            self._pf_bindings[key] = (decoder, b)
         return b
 
     def prefill(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
