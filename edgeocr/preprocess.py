@@ -97,28 +97,29 @@ def check_size(w: int, h: int, name: str, max_pixels: int | None = None) -> None
     _check_aspect(w, h, name)
 
 
-def is_blank(rgb: np.ndarray) -> bool:
+def is_blank(rgb) -> bool:
     """Whether a page has no ink: fewer than BLANK_MAX_INK of its pixels differ from the page's background
     level (the most common level, per channel) by more than INK_CONTRAST.  rgb: [H, W, C] uint8, or a PIL image.
     Per-channel histograms: linear time, no sort; for RGB pages Pillow's one-pass histogram (1.5 ms for a
     721 x 1,081 page against 5 ms for numpy's bincount per channel: this check is on the first token's path)."""
-    if hasattr(rgb, "histogram"):                                        # a PIL image: no copy when RGB
-        rgb = rgb if rgb.mode == "RGB" else rgb.convert("RGB")
-        n = rgb.width * rgb.height
-        hists = np.asarray(rgb.histogram(), np.int64).reshape(3, 256) if n else None
-    elif rgb.ndim != 3 or rgb.size == 0:
-        return False
-    else:
-        n = rgb.shape[0] * rgb.shape[1]
-        hists = None
-        if rgb.shape[2] == 3 and rgb.dtype == np.uint8:
-            from PIL import Image
-            hists = np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).histogram(), np.int64).reshape(3, 256)
-    if not n:
-        return False
+    from PIL import Image
+
+    if isinstance(rgb, np.ndarray):
+        if rgb.ndim != 3 or rgb.size == 0:
+            return False
+        if rgb.shape[2] != 3 or rgb.dtype != np.uint8:                  # not RGB: numpy, channel by channel
+            return _blank_from(rgb.shape[0] * rgb.shape[1],
+                               [np.bincount(rgb[..., c].ravel(), minlength=256) for c in range(rgb.shape[2])])
+        rgb = Image.fromarray(np.ascontiguousarray(rgb))
+    elif rgb.mode != "RGB":
+        rgb = rgb.convert("RGB")
+    n = rgb.width * rgb.height
+    return n > 0 and _blank_from(n, np.asarray(rgb.histogram(), np.int64).reshape(3, 256))
+
+
+def _blank_from(n: int, hists) -> bool:
+    """is_blank from a page's `n` pixels and one 256-level histogram per channel."""
     levels = np.arange(256)
-    if hists is None:
-        hists = [np.bincount(rgb[..., c].ravel(), minlength=256) for c in range(rgb.shape[2])]
     ink = 0
     for hist in hists:                                                   # [256] per channel
         bg = int(np.argmax(hist))

@@ -49,7 +49,7 @@ from edgeocr import artifact as af
 
 log = logging.getLogger("edgeocr.quantize")
 
-NATIVE_STEP_VERSION = 1                       # 2 with an 8-bit embedding (an older runtime refuses it by name)
+NATIVE_STEP_VERSION = {"float": 1, "int8": 2}  # by embedding: an older runtime refuses an 8-bit one by its version
 WEIGHTS_FILE = "decoder_step.bin"
 ALIGN = 256                                   # bytes: every tensor starts on a 256-byte boundary
 INPUT_PREFIX = "native."
@@ -395,11 +395,11 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
                          "matmuls_quantized": qdone, "matmuls_total": eligible}
         say(f"vision: {qdone} of {eligible} MatMul weights stored as 8-bit blocks of {BLOCK}")
     copy_unwritten(src, out, m.files, written)
-    spec = {"version": 2 if embedding == "int8" else NATIVE_STEP_VERSION, "file": WEIGHTS_FILE, "dtype": str(act),
-            "weights": weights, "embedding": embedding,
+    version = NATIVE_STEP_VERSION[embedding]
+    spec = {"version": version, "file": WEIGHTS_FILE, "dtype": str(act), "weights": weights, "embedding": embedding,
             "block": BLOCK if weights == "int8" else None,
             "tensors": index, "inputs": {k: [t, r, s] for k, (t, r, s) in inputs.items()}}
-    report = {"version": NATIVE_STEP_VERSION, **done, "ops_before": before, "ops_after": op_counts(model),
+    report = {"version": version, **done, "ops_before": before, "ops_after": op_counts(model),
               "vision": vision_report, "seconds": round(time.perf_counter() - t0, 1)}
     new = m.derive(decoder=replace(m.decoder, native_step=spec, **_io(out / m.decoder.file)),
                    vision=replace(m.vision, **_io(out / m.vision.file)),
