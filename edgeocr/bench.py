@@ -25,10 +25,11 @@ BANDWIDTH_GBS = {"H200": 4800.0, "H100": 3350.0, "4090": 1008.0, "Orin": 204.8, 
 
 
 def default_preprocess(device: str) -> str:
-    """The preprocessing path `edgeocr bench` and `edgeocr recognize` use when none is named: on CUDA the device
-    path (the host only decodes the JPEG; resize and normalization with the artifact's mean/std run as a graph on
-    the GPU, within a level of Pillow's bicubic): measured on the H200 (2026-12-04) first token from the file
-    30.8 ms against 62.5 ms for the exact host path.  On the CPU the exact path (the reference processor)."""
+    """The preprocessing path OCRModel, `edgeocr bench` and `edgeocr run` use when none is named: on CUDA the
+    device path (the host only decodes the image; resize and normalization with the artifact's mean/std run on
+    the GPU in two kernels bit-identical to Pillow's bicubic, edgeocr.letterbox_cuda); on the H200 (2026-12-04,
+    then still an ONNX graph within a level of Pillow) the first token from the file came 30.8 ms after it against
+    62.5 ms on the exact host path.  On the CPU the exact path (the reference processor)."""
     return "device" if device == "cuda" else "exact"
 
 

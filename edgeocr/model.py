@@ -73,16 +73,19 @@ class OCRModel:
 
     def __init__(self, artifact_dir: str | Path, backend: str = "onnxruntime", device: str = "cpu",
                  threads: int | None = None, rope_layout: str | None = None, cuda_graph: bool | None = None,
-                 preprocess: str = "exact", max_pixels: int | None = None, vision_ahead: bool | None = None):
-        """preprocess: "exact" (Pillow's bicubic, as the reference processor), "fast" (JPEG decoded at reduced
-        scale + OpenCV resize on the host; [fast] extra) or "device" (resize + normalize in a small ONNX graph
-        on the session's device, within 2 levels of Pillow); measured in docs/perf.md.  The library keeps
-        "exact" on every device (token-exact with the reference); `edgeocr run`/`bench` pick
-        edgeocr.bench.default_preprocess(device) when no --preprocess is named.
+                 preprocess: str | None = None, max_pixels: int | None = None, vision_ahead: bool | None = None):
+        """preprocess: "exact" (Pillow's bicubic on the host, as the reference processor), "fast" (JPEG decoded
+        at reduced scale + OpenCV resize on the host; [fast] extra) or "device" (the host decodes; resize and
+        normalization run on the session's device: on CUDA two kernels bit-identical to "exact", elsewhere a
+        small ONNX graph within 2 levels of Pillow); measured in docs/perf.md.  None: "device" on CUDA,
+        "exact" elsewhere (edgeocr.bench.default_preprocess), the reference's pixels either way.
         max_pixels: images larger than this are refused from their header (None: EDGEOCR_MAX_PIXELS, else
         edgeocr.preprocess.DEFAULT_MAX_PIXELS).
         vision_ahead: the default of this model's schedulers (None: EDGEOCR_VISION_AHEAD, else off): each page's
         vision on its own thread while the other slots decode (edgeocr.slots)."""
+        if preprocess is None:
+            from edgeocr.bench import default_preprocess
+            preprocess = default_preprocess(device)
         if preprocess not in STRATEGIES:
             raise BackendError(f"unknown preprocess {preprocess!r}; use one of {', '.join(STRATEGIES)}")
         t0 = time.perf_counter()

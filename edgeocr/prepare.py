@@ -8,8 +8,9 @@ at load with the artifact's own geometry and normalization.
 Strategies:
 - exact  Pillow decodes the whole image and resizes it with its antialiased bicubic (the reference processor)
 - fast   a JPEG is decoded at reduced scale where the letterbox allows, OpenCV resizes ([fast] extra)
-- device the host only decodes; resize + normalization run in a small ONNX graph on the session's device at
-         admission (edgeocr.preprocess_graph), within 2 levels of Pillow
+- device the host only decodes; resize + normalization run on the session's device at admission: on CUDA two
+         kernels bit-identical to `exact` (edgeocr.letterbox_cuda), else a small ONNX graph within 2 levels of
+         Pillow (edgeocr.preprocess_graph)
 docs/perf.md has the measured differences.  Every strategy refuses an image over the pixel limit (from its
 header, before decoding) or under the minimum page edge, and marks a page with no ink `blank` (the scheduler
 finishes it at admission without running the model).  `PreparePool` runs a preparer on a worker thread ahead
@@ -18,6 +19,8 @@ of need.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -30,6 +33,8 @@ from edgeocr.artifact import ImageSpec
 from edgeocr.errors import BackendError
 
 STRATEGIES = ("exact", "fast", "device")
+LETTERBOX_ENV = "EDGEOCR_LETTERBOX"     # device strategy on CUDA: kernels (default where they build) or graph
+log = logging.getLogger("edgeocr")
 
 
 @dataclass
@@ -103,15 +108,33 @@ class FastPreparer(Preparer):
 
 class DevicePreparer(Preparer):
     """The host decodes; the letterbox and normalization run on the session's device when the page is admitted
-    (one device buffer, rewritten for each page)."""
+    (one device buffer, rewritten for each page).  On CUDA: two CUDA kernels bit-identical to the exact path
+    (edgeocr.letterbox_cuda), where NVRTC and the driver can build them; otherwise, and on the CPU, the ONNX
+    graph of edgeocr.preprocess_graph (within 2 levels of Pillow).  EDGEOCR_LETTERBOX=graph picks the graph."""
 
     strategy = "device"
 
     def __init__(self, spec: ImageSpec, device: str, max_pixels: int | None = None):
         super().__init__(spec, max_pixels)
-        from edgeocr.preprocess_graph import DevicePreprocessor
-        self.graph = DevicePreprocessor(device=device, canvas=spec.canvas, pad_value=spec.pad_value,
-                                        mean=spec.mean, std=spec.std)
+        self.engine = "graph"
+        self.graph = None
+        want = os.environ.get(LETTERBOX_ENV, "").strip().lower()
+        if want not in ("", "kernels", "graph"):
+            raise BackendError(f"{LETTERBOX_ENV}={want!r}: use 'kernels' or 'graph'")
+        if device == "cuda" and want != "graph":
+            from edgeocr.letterbox_cuda import CudaLetterbox
+            try:
+                self.graph = CudaLetterbox(canvas=spec.canvas, pad_value=spec.pad_value, mean=spec.mean,
+                                           std=spec.std)
+                self.engine = "kernels"
+            except BackendError as e:
+                if want == "kernels":
+                    raise
+                log.warning("the letterbox kernels could not be built (%s); using the preprocessing graph", e)
+        if self.graph is None:
+            from edgeocr.preprocess_graph import DevicePreprocessor
+            self.graph = DevicePreprocessor(device=device, canvas=spec.canvas, pad_value=spec.pad_value,
+                                            mean=spec.mean, std=spec.std)
 
     def _fit(self, img, size):
         rgb = np.asarray(img)                                              # [H, W, 3] uint8
