@@ -24,13 +24,14 @@ from edgeocr.selection import RepetitionPenalty
 BANDWIDTH_GBS = {"H200": 4800.0, "H100": 3350.0, "4090": 1008.0, "Orin": 204.8, "A100": 2039.0, "L4": 300.0}
 
 
-def default_preprocess(device: str) -> str:
+def default_preprocess(device: str, backend: str = "onnxruntime") -> str:
     """The preprocessing path OCRModel, `edgeocr bench` and `edgeocr run` use when none is named: on CUDA the
     device path (the host only decodes the image; resize and normalization with the artifact's mean/std run on
     the GPU in two kernels bit-identical to Pillow's bicubic, edgeocr.letterbox_cuda); on the H200 (2026-12-04,
     then still an ONNX graph within a level of Pillow) the first token from the file came 30.8 ms after it against
-    62.5 ms on the exact host path.  On the CPU the exact path (the reference processor)."""
-    return "device" if device == "cuda" else "exact"
+    62.5 ms on the exact host path.  On the CPU, and with the TensorRT backend (whose engines take host pixels),
+    the exact path (the reference processor)."""
+    return "device" if device == "cuda" and backend == "onnxruntime" else "exact"
 
 
 FIRST_TOKEN_RUNS = 7        # CUDA: one-token calls whose median first token the bench reports beside the timed page

@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if getattr(args, "preprocess", "") is None:
         from edgeocr.bench import default_preprocess
-        args.preprocess = default_preprocess(args.device)
+        args.preprocess = default_preprocess(args.device, getattr(args, "backend", "onnxruntime"))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.cmd == "tasks":

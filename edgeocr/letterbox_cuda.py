@@ -13,15 +13,16 @@ runs the two passes, pads the canvas and normalizes through `preprocess_graph.lo
     lb = CudaLetterbox(canvas=1024, pad_value=255, mean=..., std=...)   # compiles the kernels (NVRTC) at load
     pixels, geometry = lb(np.asarray(img))                               # OrtValue [1, 3, S, S] float32 on the GPU
 
-Per page the host copies the decoded image into pinned memory and the weights (a few KB, cached per image
-size); the GPU uploads 3 bytes a pixel and runs the two kernels.  No ONNX Runtime session, no float image on
-the host.  NVRTC and the driver are what the native decode step needs too (edgeocr.backends.nvrtc).
+Per page the host copies the decoded image and the weights (28-37 KB for page sizes; computed once per image
+size) into pinned memory; the GPU uploads them, 3 bytes a pixel, and runs the two kernels.  No ONNX Runtime
+session, no float image on the host.  NVRTC and the driver are what the native decode step needs too (edgeocr.backends.nvrtc).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -139,7 +140,7 @@ def _check_rgb(rgb) -> None:
 class CudaLetterbox:
     """The two kernels on one CUDA device, writing into one OrtValue [1, 3, S, S] float32 allocated at load
     (rewritten by every call: use the pixels before the next call).  Device and pinned buffers grow to the
-    largest image seen."""
+    largest image seen.  Calls are serialized (a lock): one page at a time goes through the buffers."""
 
     def __init__(self, canvas: int = preprocess.CANVAS, pad_value: int = preprocess.PAD_VALUE,
                  mean=preprocess.MEAN, std=preprocess.STD, device_id: int = 0):
@@ -153,21 +154,27 @@ class CudaLetterbox:
 
         if not 0 <= pad_value <= 255:
             raise ValueError(f"pad_value must be a uint8 level, not {pad_value}")
-        self.canvas, self.pad_value = canvas, pad_value
+        self.canvas, self.pad_value, self.device_id = canvas, pad_value, device_id
+        self.stream, self._host_ptr = 0, 0
+        self._lock = threading.Lock()
+        pillow_picks_order()                              # a Pillow the kernels cannot follow fails here, at load
         self.cuda = cudart.load()
         self.cuda.make_current(device_id)
         arch, _ = nvrtc.device_arch(device_id)
         self.mod = nvrtc.Module(nvrtc.compile_cubin(SOURCE.read_text(), arch, name="letterbox.cu"),
                                 ("letterbox_pass", "letterbox_canvas"))
+        try:
+            self.pixels = ort.OrtValue.ortvalue_from_shape_and_type((1, 3, canvas, canvas), np.float32, "cuda",
+                                                                    device_id)
+        except Exception as e:  # noqa: BLE001  (onnxruntime raises its own types; a CPU-only build among them)
+            raise BackendError(f"ONNX Runtime cannot hold the page on CUDA device {device_id} ({e}); "
+                               "pip install 'edgeocr[cuda]'") from None
         self.mem = CudaMemory(None)
         self.stream = self.cuda.stream_create(non_blocking=True)
-        self.pixels = ort.OrtValue.ortvalue_from_shape_and_type((1, 3, canvas, canvas), np.float32, "cuda",
-                                                                device_id)
         self.lut = self.mem.alloc((768,), np.float32, zero=False)
         self.mem.write(self.lut, lookup_table(mean, std))
         self._cap = {"host": 0, "src": 0, "tmp": 0, "coef": 0}
-        self._host = self._src = self._tmp = self._coef = None
-        self._host_ptr = 0
+        self._src = self._tmp = self._coef = None
 
     def _grow(self, name: str, nbytes: int) -> None:
         if nbytes <= self._cap[name]:
@@ -175,9 +182,12 @@ class CudaLetterbox:
         nbytes = max(nbytes, self._cap[name] * 5 // 4)
         if name == "host":
             if self._host_ptr:
-                self.cuda.lib.cudaFreeHost(ctypes.c_void_p(self._host_ptr))
+                ptr, self._host_ptr, self._cap["host"] = self._host_ptr, 0, 0
+                self.cuda.lib.cudaFreeHost(ctypes.c_void_p(ptr))
             self._host_ptr = self.cuda.host_alloc(nbytes)
         else:
+            setattr(self, "_" + name, None)               # the old buffer goes before the larger one comes
+            self._cap[name] = 0
             setattr(self, "_" + name, self.mem.alloc((nbytes,), np.uint8, zero=False))
         self._cap[name] = nbytes
 
@@ -193,6 +203,20 @@ class CudaLetterbox:
         (h1, b1, k1, w1, r1), (h2, b2, k2, _, _) = passes(w, h, lb.new_w, lb.new_h)
         coef = np.concatenate([a.ravel() for a in (b1, k1, b2, k2)]).astype(np.int32)
         img = np.ascontiguousarray(rgb)
+        with self._lock:
+            self.cuda.lib.cudaSetDevice(self.device_id)     # this thread's device (a worker thread may call)
+            try:
+                self._enqueue(img, coef, w, h, lb, (h1, b1, k1, w1, r1), (h2, b2, k2))
+            finally:
+                # the pinned buffer is rewritten by the next call, and the vision graph runs on ONNX Runtime's
+                # own stream: the page is on the device when this returns (or the call failed, and nothing of it
+                # is in flight)
+                self.cuda.stream_sync(self.stream)
+        return self.pixels, lb
+
+    def _enqueue(self, img, coef, w, h, lb, first, second) -> None:
+        h1, b1, k1, w1, r1 = first
+        h2, b2, k2 = second
         self._grow("host", img.nbytes + coef.nbytes)
         self._grow("src", img.nbytes)
         self._grow("tmp", w1 * r1 * 3)
@@ -206,21 +230,22 @@ class CudaLetterbox:
         for a in (b1, k1, b2):
             at.append(at[-1] + a.size * 4)
         p, i32 = ctypes.c_void_p, ctypes.c_int
-        self.mod.launch("letterbox_pass", ((w1 + 127) // 128, r1), (128,), s,
+        self.mod.launch("letterbox_pass", ((w1 + 127) // 128, min(r1, 65535)), (128,), s,
                         [p(self._src.ptr), i32(w * 3), i32(h1), p(self._tmp.ptr), i32(w1), i32(r1),
                          p(at[0]), p(at[1]), i32(k1.shape[1])])
         self.mod.launch("letterbox_canvas", ((self.canvas + 127) // 128, self.canvas), (128,), s,
                         [p(self._tmp.ptr), i32(w1 * 3), i32(h2), i32(lb.new_w), i32(lb.new_h), p(at[2]),
                          p(at[3]), i32(k2.shape[1]), p(self.lut.ptr), i32(self.pad_value), i32(self.canvas),
                          p(self.pixels.data_ptr())])
-        # the pinned staging buffer is rewritten by the next call, and the vision graph runs on ONNX Runtime's
-        # own stream: the page is on the device when this returns
-        cu.stream_sync(s)
-        return self.pixels, lb
 
     def __del__(self):
-        if getattr(self, "_host_ptr", 0):
-            try:
+        try:
+            if getattr(self, "_host_ptr", 0):
                 self.cuda.lib.cudaFreeHost(ctypes.c_void_p(self._host_ptr))
-            except Exception:  # noqa: BLE001  (interpreter shutdown)
-                pass
+            if getattr(self, "stream", 0):
+                self.cuda.lib.cudaStreamDestroy(ctypes.c_void_p(self.stream))
+            mod = getattr(self, "mod", None)
+            if mod is not None:
+                mod.cu.cuModuleUnload(mod.mod)
+        except Exception:  # noqa: BLE001  (interpreter shutdown: the context may be gone already)
+            pass

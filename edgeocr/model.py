@@ -77,15 +77,16 @@ class OCRModel:
         """preprocess: "exact" (Pillow's bicubic on the host, as the reference processor), "fast" (JPEG decoded
         at reduced scale + OpenCV resize on the host; [fast] extra) or "device" (the host decodes; resize and
         normalization run on the session's device: on CUDA two kernels bit-identical to "exact", elsewhere a
-        small ONNX graph within 2 levels of Pillow); measured in docs/perf.md.  None: "device" on CUDA,
-        "exact" elsewhere (edgeocr.bench.default_preprocess), the reference's pixels either way.
+        small ONNX graph within 2 levels of Pillow, as on CUDA where NVRTC cannot build the kernels, with a
+        warning); measured in docs/perf.md.  None: "device" with ONNX Runtime on CUDA, "exact" elsewhere
+        (edgeocr.bench.default_preprocess).
         max_pixels: images larger than this are refused from their header (None: EDGEOCR_MAX_PIXELS, else
         edgeocr.preprocess.DEFAULT_MAX_PIXELS).
         vision_ahead: the default of this model's schedulers (None: EDGEOCR_VISION_AHEAD, else off): each page's
         vision on its own thread while the other slots decode (edgeocr.slots)."""
         if preprocess is None:
             from edgeocr.bench import default_preprocess
-            preprocess = default_preprocess(device)
+            preprocess = default_preprocess(device, backend)
         if preprocess not in STRATEGIES:
             raise BackendError(f"unknown preprocess {preprocess!r}; use one of {', '.join(STRATEGIES)}")
         t0 = time.perf_counter()

@@ -24,7 +24,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 say "gpu tests"
 timeout -k 5 "${TESTS_S:-170}" $PY -m pytest -m gpu -q -s -p no:cacheprovider tests/test_gpu.py \
   -k "letterbox or demo_native_step" > "$R/pytest.log" 2>&1
-say "gpu tests rc $?: $(tail -1 "$R/pytest.log")"
+rc_tests=$?
+say "gpu tests rc $rc_tests: $(tail -1 "$R/pytest.log")"
 say "native step"
 OUT=$R/native HARD_S=${NATIVE_HARD_S:-330} DEADLINE_S=${NATIVE_HARD_S:-330} bash scripts/gpu_native_step.sh \
   > "$R/native_step.out" 2>&1
@@ -37,5 +38,6 @@ for v in graph:device exact:exact; do
     --preprocess "$pre" --image "$IMG" --json "$R/bench_native_$name.json" >> "$R/run.log" 2>&1
   say "bench letterbox $name rc $?"
 done
-tar czf "$OUT/results.tar.gz" -C "$R" .
 say "done"
+tar czf "$OUT/results.tar.gz" -C "$R" .
+exit $rc_tests

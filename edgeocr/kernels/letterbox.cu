@@ -41,14 +41,15 @@ extern "C" __global__ void letterbox_pass(const unsigned char* __restrict__ src,
                                           unsigned char* __restrict__ dst, int out_w, int out_h,
                                           const int* __restrict__ bounds, const int* __restrict__ kk, int ksize) {
     int x = blockIdx.x * blockDim.x + threadIdx.x;
-    int y = blockIdx.y;
-    if (x >= out_w || y >= out_h) return;
-    int l0, l1, l2;
-    lb_pass(src, pitch, horizontal, x, y, bounds, kk, ksize, l0, l1, l2);
-    unsigned char* o = dst + ((size_t)y * out_w + x) * 3;
-    o[0] = (unsigned char)l0;
-    o[1] = (unsigned char)l1;
-    o[2] = (unsigned char)l2;
+    if (x >= out_w) return;
+    for (int y = blockIdx.y; y < out_h; y += gridDim.y) {     // rows beyond gridDim.y's limit loop
+        int l0, l1, l2;
+        lb_pass(src, pitch, horizontal, x, y, bounds, kk, ksize, l0, l1, l2);
+        unsigned char* o = dst + ((size_t)y * out_w + x) * 3;
+        o[0] = (unsigned char)l0;
+        o[1] = (unsigned char)l1;
+        o[2] = (unsigned char)l2;
+    }
 }
 
 // The second pass onto the canvas: the image's (out_w x out_h) top-left corner, the pad level elsewhere, every
