@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # On the GPU machine (CUDA torch, transformers and onnxruntime-gpu importable; SITE=/tmp/site is put first on
-# PYTHONPATH if it exists): the CUDA letterbox kernels and the first token they give, in one call.
+# PYTHONPATH if it exists): the CUDA letterbox kernels and the first token they give, in one call of ~4 min.
 #   1. the GPU tests of the kernels (bit-identical to the exact path; the demo model's tokens with them) and of
 #      the demo model's native step (tests/test_gpu.py), output in pytest.log
-#   2. scripts/gpu_native_step.sh (real-size architecture on random weights: native step FP16 / 8-bit / 8-bit
-#      embedding; bench with the default CUDA preprocessing, now the kernels; profiles; device memory; tokens),
-#      cut at NATIVE_HARD_S (330 s), results in native/
-#   3. `edgeocr bench` of the native FP16 artifact with EDGEOCR_LETTERBOX=graph (the ONNX preprocessing graph
-#      the kernels replace) and with --preprocess exact, beside step 2's default: first token medians
-# Everything lands in $OUT/results.tar.gz (one file: a call brings back only a few).
+#   2. the real-size architecture on random weights, exported FP16 (gqa, selection in the graph, 4,096-token
+#      cache), fused for CUDA, `quantize native-step` of it with FP16 weights and with 8-bit weights and embedding
+#   3. `edgeocr bench` of the native FP16 artifact with the default CUDA preprocessing (the kernels), with
+#      EDGEOCR_LETTERBOX=graph (the ONNX graph they replace) and with --preprocess exact (Pillow on the host), and
+#      of the 8-bit-embedding one: first-token medians beside each other
+#   4. device memory after two pages (scripts/gpu_perf.py memory, the runtime's settings) of both native artifacts;
+#      tokens of the 8-bit-embedding artifact's native step against ONNX Runtime's step on two eval pages
+# Everything lands in $OUT/results.tar.gz (one file: a call brings back only a few); exits with the tests' status.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -17,27 +19,59 @@ export PYTHONPATH=$([ -d "$SITE" ] && echo "$SITE:")$ROOT PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/out}
 R=$(mktemp -d)
+W=${WORK:-/tmp/work-letterbox}
+mkdir -p "$W"
 IMG=$ROOT/calibration_data/eval/000000.jpg
 T0=$(date +%s)
 say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$R/run.log"; }
+run() { local name=$1 limit=$2; shift 2; say "-- $name"; timeout -k 5 "$limit" "$@" >> "$R/run.log" 2>&1
+  local rc=$?; [ $rc = 0 ] || say "   $name failed (rc $rc)"; return $rc; }
+finish() { say "done"; tar czf "$OUT/results.tar.gz" -C "$R" .; exit "${rc_tests:-1}"; }
+trap finish EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$R/run.log"
+
 say "gpu tests"
-timeout -k 5 "${TESTS_S:-170}" $PY -m pytest -m gpu -q -s -p no:cacheprovider tests/test_gpu.py \
+timeout -k 5 "${TESTS_S:-150}" $PY -m pytest -m gpu -q -s -p no:cacheprovider tests/test_gpu.py \
   -k "letterbox or demo_native_step" > "$R/pytest.log" 2>&1
 rc_tests=$?
 say "gpu tests rc $rc_tests: $(tail -1 "$R/pytest.log")"
-say "native step"
-OUT=$R/native HARD_S=${NATIVE_HARD_S:-330} DEADLINE_S=${NATIVE_HARD_S:-330} bash scripts/gpu_native_step.sh \
-  > "$R/native_step.out" 2>&1
-say "native step rc $?"
-for v in graph:device exact:exact; do
-  name=${v%%:*} pre=${v##*:}
-  [ -d /tmp/work-native/native ] || break
-  EDGEOCR_LETTERBOX=$([ "$name" = graph ] && echo graph || echo kernels) EDGEOCR_NATIVE_STEP=1 timeout 60 \
-    $PY -m edgeocr bench /tmp/work-native/native --device cuda --tokens 256 --repeats 2 --cuda-graph on \
-    --preprocess "$pre" --image "$IMG" --json "$R/bench_native_$name.json" >> "$R/run.log" 2>&1
-  say "bench letterbox $name rc $?"
+
+[ -f $W/ckpt/config.json ] || run checkpoint 90 $PY -m quantize.realsize $W/ckpt || exit
+[ -f $W/export/manifest.json ] || run export 90 $PY -m quantize export $W/ckpt $W/export --precision fp16 \
+  --attention gqa --select-on-device --cache-len 4096 --device cuda || exit
+[ -f $W/fused/manifest.json ] || run fuse 60 $PY -m quantize fuse $W/export $W/fused --target cuda || exit
+[ -f $W/native/manifest.json ] || run native 60 $PY -m quantize native-step $W/fused $W/native || exit
+[ -f $W/native8e/manifest.json ] || run native8e 60 $PY -m quantize native-step $W/fused $W/native8e \
+  --weights int8 --embedding int8
+
+bench() { local name=$1 art=$2 letterbox=$3 pre=$4
+  [ -d $art ] && run bench_$name 60 env EDGEOCR_NATIVE_STEP=1 EDGEOCR_LETTERBOX=$letterbox $PY -m edgeocr bench $art \
+    --device cuda --tokens 256 --repeats 2 --cuda-graph on --preprocess $pre --image "$IMG" --json "$R/bench_$name.json"; }
+bench native_kernels $W/native kernels device
+bench native_graph $W/native graph device
+bench native_exact $W/native kernels exact
+bench native8e_kernels $W/native8e kernels device
+for art in native native8e; do
+  [ -d $W/$art ] && run memory_$art 60 env EDGEOCR_NATIVE_STEP=1 $PY scripts/gpu_perf.py memory $W/$art \
+    --config runtime --device cuda --tokens 256 --image "$IMG" --json "$R/memory_$art.json"
 done
-say "done"
-tar czf "$OUT/results.tar.gz" -C "$R" .
-exit $rc_tests
+[ -d $W/native8e ] && run tokens_native8e 90 $PY - "$R/tokens_native8e.json" $W/native8e <<'PYEOF'
+import json, os, sys
+from pathlib import Path
+from edgeocr.dataset import load_dir
+from edgeocr.decode import DecodeOptions
+from edgeocr.model import OCRModel
+out, art = sys.argv[1:]
+pages = load_dir(Path("calibration_data/eval"))[:2]
+o = DecodeOptions(max_new_tokens=64, ignore_stop=True)
+runs = {}
+for mode in ("1", "0"):
+    os.environ["EDGEOCR_NATIVE_STEP"] = mode
+    m = OCRModel(art, device="cuda")
+    runs[m.session.engine] = [m.recognize(p.path, task="spotting", options=o).token_ids for p in pages]
+(a, ta), (b, tb) = runs.items()
+res = {"engines": [a, b], "identical": ta == tb,
+       "first_divergence": [next((i for i, (x, y) in enumerate(zip(t, u)) if x != y), None) for t, u in zip(ta, tb)]}
+json.dump(res, open(out, "w"), indent=1); print(res)
+PYEOF
+exit "$rc_tests"
