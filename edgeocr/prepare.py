@@ -116,32 +116,29 @@ class DevicePreparer(Preparer):
 
     def __init__(self, spec: ImageSpec, device: str, max_pixels: int | None = None):
         super().__init__(spec, max_pixels)
-        self.engine = "graph"
-        self.graph = None
         want = os.environ.get(LETTERBOX_ENV, "").strip().lower()
         if want not in ("", "kernels", "graph"):
             raise BackendError(f"{LETTERBOX_ENV}={want!r}: use 'kernels' or 'graph'")
+        geometry = dict(canvas=spec.canvas, pad_value=spec.pad_value, mean=spec.mean, std=spec.std)
+        self.engine, self.letterbox = "graph", None          # letterbox(rgb, size) -> (pixels OrtValue, Letterbox)
         if device == "cuda" and want != "graph":
             from edgeocr.letterbox_cuda import CudaLetterbox
             try:
-                self.graph = CudaLetterbox(canvas=spec.canvas, pad_value=spec.pad_value, mean=spec.mean,
-                                           std=spec.std)
-                self.engine = "kernels"
+                self.engine, self.letterbox = "kernels", CudaLetterbox(**geometry)
             except BackendError as e:
                 if want == "kernels":
                     raise
                 log.warning("the letterbox kernels could not be built (%s); using the preprocessing graph", e)
-        if self.graph is None:
+        if self.letterbox is None:
             from edgeocr.preprocess_graph import DevicePreprocessor
-            self.graph = DevicePreprocessor(device=device, canvas=spec.canvas, pad_value=spec.pad_value,
-                                            mean=spec.mean, std=spec.std)
+            self.letterbox = DevicePreprocessor(device=device, **geometry)
 
     def _fit(self, img, size):
         rgb = np.asarray(img)                                              # [H, W, 3] uint8
         return rgb, preprocess.letterbox_geometry(*size, self.spec.canvas), img    # blank check on the source
 
     def pixels(self, prep: Prepared):
-        out, _ = self.graph(prep.pixels, (prep.letterbox.width, prep.letterbox.height))
+        out, _ = self.letterbox(prep.pixels, (prep.letterbox.width, prep.letterbox.height))
         return out                                                         # OrtValue [1, 3, S, S] float32
 
 

@@ -55,23 +55,5 @@ for art in native native8e; do
   [ -d $W/$art ] && run memory_$art 60 env EDGEOCR_NATIVE_STEP=1 $PY scripts/gpu_perf.py memory $W/$art \
     --config runtime --device cuda --tokens 256 --image "$IMG" --json "$R/memory_$art.json"
 done
-[ -d $W/native8e ] && run tokens_native8e 90 $PY - "$R/tokens_native8e.json" $W/native8e <<'PYEOF'
-import json, os, sys
-from pathlib import Path
-from edgeocr.dataset import load_dir
-from edgeocr.decode import DecodeOptions
-from edgeocr.model import OCRModel
-out, art = sys.argv[1:]
-pages = load_dir(Path("calibration_data/eval"))[:2]
-o = DecodeOptions(max_new_tokens=64, ignore_stop=True)
-runs = {}
-for mode in ("1", "0"):
-    os.environ["EDGEOCR_NATIVE_STEP"] = mode
-    m = OCRModel(art, device="cuda")
-    runs[m.session.engine] = [m.recognize(p.path, task="spotting", options=o).token_ids for p in pages]
-(a, ta), (b, tb) = runs.items()
-res = {"engines": [a, b], "identical": ta == tb,
-       "first_divergence": [next((i for i, (x, y) in enumerate(zip(t, u)) if x != y), None) for t, u in zip(ta, tb)]}
-json.dump(res, open(out, "w"), indent=1); print(res)
-PYEOF
+[ -d $W/native8e ] && run tokens_native8e 90 $PY scripts/native_step_tokens.py "$R/tokens_native8e.json" $W/native8e
 exit "$rc_tests"

@@ -126,25 +126,7 @@ fi
 
 # 5. tokens: native step against ONNX Runtime's, same artifact
 for art in native native8e; do
-step tokens_$art $PY - "$R/tokens_$art.json" $DEV $W/$art $NATIVE <<'EOF'
-import json, os, sys
-from pathlib import Path
-from edgeocr.dataset import load_dir
-from edgeocr.decode import DecodeOptions
-from edgeocr.model import OCRModel
-out, dev, art, native = sys.argv[1:]
-pages = load_dir(Path("calibration_data/eval"))[:2]
-o = DecodeOptions(max_new_tokens=64, ignore_stop=True)
-runs = {}
-for mode in (native, "0"):
-    os.environ["EDGEOCR_NATIVE_STEP"] = mode
-    m = OCRModel(art, device=dev)
-    runs[m.session.engine] = [m.recognize(p.path, task="spotting", options=o).token_ids for p in pages]
-(a, ta), (b, tb) = runs.items()
-res = {"engines": [a, b], "identical": ta == tb,
-       "first_divergence": [next((i for i, (x, y) in enumerate(zip(t, u)) if x != y), None) for t, u in zip(ta, tb)]}
-json.dump(res, open(out, "w"), indent=1); print(res)
-EOF
+  step tokens_$art $PY scripts/native_step_tokens.py "$R/tokens_$art.json" $W/$art $DEV $NATIVE
 done
 
 # 6. as time allows
