@@ -28,7 +28,10 @@ most of what the 8-bit form would otherwise hold beside its decoder (`quantize w
 With `--embedding int8` the embedding (the tied lm_head; an untied lm_head too) is stored as 8-bit blocks of 32 along
 its rows the same way: the prefill's embedding lookup becomes com.microsoft GatherBlockQuantized and its lm_head
 MatMulNBits over those bytes, and the native step reads them through its 8-bit embedding and lm_head kernels
-(the real decoder's 236 MiB embedding takes 125 MiB).
+(the real decoder's 236 MiB embedding takes 125 MiB).  Its rows are padded to a multiple of 8 (weights 128, scales 0):
+ONNX Runtime's CUDA MatMulNBits runs its one-row 8-bit kernel only where N is a multiple of 8, and otherwise
+dequantizes the whole table into its arena for a cuBLAS GEMM on every prefill (236 MiB for the real 120,818-row
+lm_head); a Slice keeps the vocabulary's logits.
 
 The manifest's `graphs.decoder.native_step` indexes the file ({"tensors": name -> offset, shape}) and maps each
 graph input to its tensor and first row ({"inputs": name -> [tensor, row, shape]}).  Weights are found by the
@@ -217,9 +220,10 @@ def _rewire_embedding(g, inputs: dict, tensors: dict[str, np.ndarray]) -> int:
         name = INPUT_PREFIX + tensor
         if tensor + SCALES not in tensors:
             continue
-        v, k = tensors[tensor].shape
+        rows, k = tensors[tensor].shape             # rows: v padded to a multiple of ROWS (pad_rows)
+        v = inputs[name][2][0]
         scales = (tensor + SCALES, 0, [v, k // BLOCK])
-        nbits = (name + NBITS, (tensor, 0, [v, k // BLOCK, BLOCK]), (tensor + SCALES, 0, [v * (k // BLOCK)]))
+        nbits = (name + NBITS, (tensor, 0, [rows, k // BLOCK, BLOCK]), (tensor + SCALES, 0, [rows * (k // BLOCK)]))
         for n in list(consumers.get(name, [])):
             attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
             if n.op_type == "Gather" and list(n.input[:1]) == [name] and attrs.get("axis", 0) == 0:
@@ -261,13 +265,41 @@ def _rewire_embedding(g, inputs: dict, tensors: dict[str, np.ndarray]) -> int:
 
 
 def _matmul_nbits(g, node, a: str, out: str, nbits: tuple, v: int, k: int) -> None:
-    """node -> MatMulNBits(a, the 8-bit table, its scales) -> out, in node's place."""
-    from onnx import helper
+    """node -> MatMulNBits(a, the 8-bit table, its scales) -> out, in node's place.  Over a table whose rows are
+    padded (pad_rows), MatMulNBits computes every stored row and a Slice keeps the first v logits."""
+    from onnx import helper, numpy_helper
 
-    new = helper.make_node("MatMulNBits", [a, nbits[0], nbits[0] + SCALES], [out], name=node.name + "_q8",
-                           domain="com.microsoft", K=k, N=v, bits=8, block_size=BLOCK)
-    g.node.insert(list(g.node).index(node), new)
+    rows = nbits[1][2][0]
+    y = out if rows == v else out + "_padded"
+    new = [helper.make_node("MatMulNBits", [a, nbits[0], nbits[0] + SCALES], [y], name=node.name + "_q8",
+                            domain="com.microsoft", K=k, N=rows, bits=8, block_size=BLOCK)]
+    if rows != v:
+        ends = node.name + "_q8_vocab"
+        g.initializer.extend([numpy_helper.from_array(np.array([0], np.int64), ends + "_start"),
+                              numpy_helper.from_array(np.array([v], np.int64), ends),
+                              numpy_helper.from_array(np.array([-1], np.int64), ends + "_axis")])
+        new.append(helper.make_node("Slice", [y, ends + "_start", ends, ends + "_axis"], [out],
+                                    name=node.name + "_q8_slice"))
+    at = list(g.node).index(node)
+    for i, n in enumerate(new):
+        g.node.insert(at + i, n)
     g.node.remove(node)
+
+
+ROWS = 8    # an 8-bit table's rows, padded to a multiple of this: ONNX Runtime's CUDA MatMulNBits takes its one-row
+#             8-bit kernel only where N is a multiple of 8; otherwise it dequantizes the whole table into a scratch
+#             buffer of the arena for a cuBLAS GEMM (the real lm_head: 120,818 x 1,024 FP16, 236 MiB) on every prefill
+
+
+def pad_rows(q: np.ndarray, scales: np.ndarray, multiple: int = ROWS) -> tuple[np.ndarray, np.ndarray]:
+    """8-bit blocks (quantize_rows) with rows appended up to a multiple of `multiple`: weights 128 (zero) and scales
+    0.  The lookup reads the first V rows; the lm_head's MatMulNBits computes all of them and a Slice drops the
+    padding's logits."""
+    pad = (-q.shape[0]) % multiple
+    if not pad:
+        return q, scales
+    return (np.concatenate([q, np.full((pad, q.shape[1]), 128, np.uint8)]),
+            np.concatenate([scales, np.zeros((pad, scales.shape[1]), scales.dtype)]))
 
 
 def quantize_rows(a: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
@@ -374,7 +406,7 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
     if embedding == "int8":
         for t in ("embed", "lm_head"):
             if t in tensors:
-                tensors[t], tensors[t + SCALES] = quantize_rows(tensors[t])
+                tensors[t], tensors[t + SCALES] = pad_rows(*quantize_rows(tensors[t]))
     done = rewire(model, inputs, rewrites, tensors, bits=8 if weights == "int8" else None,
                   embedding_bits=8 if embedding == "int8" else None)
     save_graph(model, out / m.decoder.file)

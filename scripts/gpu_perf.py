@@ -6,7 +6,8 @@
     python scripts/gpu_perf.py memory ARTIFACT --config C --json OUT   device memory by stage (context, each session, KV
                                                                    cache, first page, second page) with the runtime's
                                                                    settings (C = runtime) or edgeocr.ort_options' (C =
-                                                                   conv: cuDNN settings; tuned: + shared arena + shrinkage)
+                                                                   conv: cuDNN settings; tuned: + shared arena + shrinkage;
+                                                                   initializers: the runtime's, weights outside the arena)
     python scripts/gpu_perf.py ttft ARTIFACT IMAGE --json OUT      time to first token from the encoded file for each
                                                                    preprocessing path (exact, fast, fast+device, device)
     python scripts/gpu_perf.py pack DIR OUT.json                   every *.json under DIR in one file
@@ -202,6 +203,9 @@ def cmd_memory(a) -> int:
         if a.config in ("conv", "tuned") and providers:
             providers = [(p[0], {**p[1], **ort_options.cuda_provider_options(m.precision, conv_workspace=False)})
                          if isinstance(p, tuple) and p[0] == "CUDAExecutionProvider" else p for p in providers]
+        if a.config == "initializers":      # the weights cudaMalloc'ed on their own, outside the arena
+            sess_options = sess_options or ort.SessionOptions()
+            sess_options.add_session_config_entry("session.use_device_allocator_for_initializers", "1")
         if share:
             sess_options = sess_options or ort.SessionOptions()
             try:
@@ -376,7 +380,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", required=True)
     m = sub.add_parser("memory")
     m.add_argument("artifact")
-    m.add_argument("--config", choices=["runtime", "conv", "tuned"], default="runtime")
+    m.add_argument("--config", choices=["runtime", "conv", "tuned", "initializers"], default="runtime")
     m.add_argument("--image", default=str(ROOT / "calibration_data" / "eval" / "000000.jpg"))
     m.add_argument("--tokens", type=int, default=64)
     m.add_argument("--device", choices=["cuda", "cpu"], default="cuda")

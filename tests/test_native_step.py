@@ -400,7 +400,8 @@ def q8_arts(arts, tmp_path_factory):
 @pytest.mark.parametrize("name,src,tables", [("a-q8e", "a-native", ["embed"]),
                                              ("b-fused-q8e", "b-fused-native", ["embed", "lm_head"])])
 def test_int8_embedding_is_read_from_its_blocks_by_both(arts, q8_arts, name, src, tables):
-    """--embedding int8: the embedding (and an untied lm_head) is uint8 [V, H] with a scale per 32 values; the
+    """--embedding int8: the embedding (and an untied lm_head) is uint8 [V', H] (V rounded up to a multiple of 8)
+    with a scale per 32 values; the
     prefill looks rows up with GatherBlockQuantized and its lm_head is MatMulNBits over the same bytes (tied:
     the one table serves both), no graph input is a float table, and the file holds a quarter of their bytes."""
     import onnx
@@ -420,12 +421,18 @@ def test_int8_embedding_is_read_from_its_blocks_by_both(arts, q8_arts, name, src
               and not i.name.endswith(".scales") and i.name.split(".")[1] in ("embed", "lm_head")}
     assert not floats, floats
     text = m.model["text"]
-    assert all(t[x]["shape"] == [text["vocab_size"], text["hidden_size"]] for x in tables)
+    v, rows = text["vocab_size"], -(-text["vocab_size"] // 8) * 8
+    assert v % 8 and all(t[x]["shape"] == [rows, text["hidden_size"]] for x in tables)
+    # MatMulNBits over every stored row (a multiple of 8: ONNX Runtime's CUDA one-row kernel, no dequantized copy of
+    # the table), then a Slice back to the vocabulary
+    assert lm[0].attribute and {a.name: a.i for a in lm[0].attribute}["N"] == rows
+    sl = [n for n in g.node if n.input and n.input[0] == lm[0].output[0]]
+    assert [n.op_type for n in sl] == ["Slice"]
     assert m.export["native_step"]["embedding_8bit_nodes"] == 2             # the lookup and the lm_head
     ref = read(arts[src] if src in arts else q8_arts[src]).decoder.native_step
     size = lambda spec, x: int(np.prod(spec["tensors"][x]["shape"])) * np.dtype(spec["tensors"][x].get(    # noqa: E731
         "dtype", spec["dtype"])).itemsize
-    assert all(size(spec, x) * 4 == size(ref, x) for x in tables)           # FP32 tables -> one byte a value
+    assert all(size(spec, x) * 4 == size(ref, x) * rows // v for x in tables)   # FP32 -> one byte a value
 
 
 @pytest.mark.parametrize("name", ["a-q8e", "b-fused-q8e"])

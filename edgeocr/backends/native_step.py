@@ -230,11 +230,12 @@ class NumpyStep:
         inv = 1.0 / np.sqrt((xf * xf).mean(-1, keepdims=True) + np.float32(eps))
         xn[...] = self.f(gamma) * self.rd(xf * inv)
 
+    # the first n rows of w: an 8-bit lm_head is stored with its rows padded to a multiple of 8 (MatMulNBits)
     def k_gemv(self, L, x, w, y, n, k):
-        y[...] = self.f(x) @ self.f(w).T
+        y[...] = self.f(x) @ self.f(w[:n]).T
 
     def k_gemvf(self, L, x, w, y, n, k):
-        y[...] = self.rd(self.f(x) @ self.f(w).T)
+        y[...] = self.rd(self.f(x) @ self.f(w[:n]).T)
 
     @staticmethod
     def deq(w: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -243,10 +244,10 @@ class NumpyStep:
                                                            axis=1)
 
     def k_gemv_q8(self, L, x, w, scales, y, n, k):
-        y[...] = self.f(x) @ self.deq(w, scales).T
+        y[...] = self.f(x) @ self.deq(w[:n], scales[:n]).T
 
     def k_gemvf_q8(self, L, x, w, scales, y, n, k):
-        y[...] = self.rd(self.f(x) @ self.deq(w, scales).T)
+        y[...] = self.rd(self.f(x) @ self.deq(w[:n], scales[:n]).T)
 
     def k_swiglu_q8(self, L, x, w, scales, y, n, k, gate_mul, up_off):
         self.k_swiglu(L, x, self.deq(w, scales), y, n, k, gate_mul, up_off)
@@ -482,6 +483,11 @@ def spec_problem(art: Artifact, directory: Path | None = None) -> str | None:
         projections = []
     if embedding == "int8":
         projections += [k for k in ("embed", "lm_head") if k in want]
+    if embedding == "int8":     # the 8-bit tables' rows may be padded to a multiple of 8 (quantize.native_step)
+        for k in ("embed", "lm_head"):
+            got = tensors.get(k, {}).get("shape") if isinstance(tensors.get(k), dict) else None
+            if k in want and got == [-(-V // 8) * 8, H]:
+                want[k] = got
     want.update({k + ".scales": [want[k][0], want[k][1] // 32] for k in projections})
     size = (Path(directory) / f).stat().st_size if directory is not None and (Path(directory) / f).is_file() else None
     for name, shape in want.items():
