@@ -6,8 +6,9 @@
     python scripts/gpu_perf.py memory ARTIFACT --config C --json OUT   device memory by stage (context, each session, KV
                                                                    cache, first page, second page) with the runtime's
                                                                    settings (C = runtime) or edgeocr.ort_options' (C =
-                                                                   conv: cuDNN settings; tuned: + shared arena + shrinkage;
-                                                                   initializers: the runtime's, weights outside the arena)
+                                                                   conv: cuDNN settings; tuned: + shared arena +
+                                                                   shrinkage; initializers: the runtime's, weights
+                                                                   outside the arena); --pages N pages in turn
     python scripts/gpu_perf.py ttft ARTIFACT IMAGE --json OUT      time to first token from the encoded file for each
                                                                    preprocessing path (exact, fast, fast+device, device)
     python scripts/gpu_perf.py pack DIR OUT.json                   every *.json under DIR in one file
@@ -230,8 +231,8 @@ def cmd_memory(a) -> int:
     stages.append(("KV cache + step buffers (model ready)", _used_mib(cuda)))
     o = DecodeOptions(max_new_tokens=a.tokens, ignore_stop=True, tail_repetition_stop=False)
     runs = []
-    for k in range(2):
-        r = model.recognize(a.image, task="spotting", options=o)
+    for k in range(a.pages):
+        r = model.recognize(a.image[k % len(a.image)], task="spotting", options=o)
         runs.append({k2: round(v, 3) for k2, v in r.timings_ms.items()})
         stages.append((f"after page {k + 1} ({a.tokens} tokens)", _used_mib(cuda)))
     files = m.files
@@ -381,8 +382,10 @@ def main(argv=None) -> int:
     m = sub.add_parser("memory")
     m.add_argument("artifact")
     m.add_argument("--config", choices=["runtime", "conv", "tuned", "initializers"], default="runtime")
-    m.add_argument("--image", default=str(ROOT / "calibration_data" / "eval" / "000000.jpg"))
+    m.add_argument("--image", nargs="+", default=[str(ROOT / "calibration_data" / "eval" / "000000.jpg")],
+                   help="page images, read in turn (default: one eval page)")
     m.add_argument("--tokens", type=int, default=64)
+    m.add_argument("--pages", type=int, default=2, help="pages read one after another (default 2)")
     m.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     m.add_argument("--json", required=True)
     t = sub.add_parser("ttft")
