@@ -51,16 +51,14 @@ for name in default efficient cudnn keep_arena; do
   run "bench_$name" 90 env EDGEOCR_NATIVE_STEP=1 ${KERNELS[$name]} $PY -m edgeocr bench "$N" --device cuda \
     --tokens 64 --repeats 2 --cuda-graph on --image "$IMG" --json "$R/bench_$name.json"
 done
+PAGES=$(ls "$ROOT"/calibration_data/eval/*.jpg | head -6)
+for art in native-float; do
+  # shellcheck disable=SC2086
+  [ -d "$F-$art" ] && run "memory6_$art" 150 env EDGEOCR_NATIVE_STEP=1 $PY scripts/gpu_perf.py memory "$F-$art" \
+    --config runtime --device cuda --tokens 256 --pages 6 --image $PAGES --json "$R/memory6_$art.json"
+done
 for name in efficient cudnn; do
   # shellcheck disable=SC2086
   run "agree_$name" 90 $PY scripts/vision_kernels_agree.py "$N" "$IMG" "$R/agree_$name.json" ${KERNELS[$name]}
 done
 
-[ -f "$F-native-int8e/manifest.json" ] || run native8e 90 $PY -m quantize native-step "$F" "$F-native-int8e" \
-  --weights int8 --embedding int8
-PAGES=$(ls "$ROOT"/calibration_data/eval/*.jpg | head -6)
-for art in native-float native-int8e; do
-  # shellcheck disable=SC2086
-  [ -d "$F-$art" ] && run "memory6_$art" 150 env EDGEOCR_NATIVE_STEP=1 $PY scripts/gpu_perf.py memory "$F-$art" \
-    --config runtime --device cuda --tokens 256 --pages 6 --image $PAGES --json "$R/memory6_$art.json"
-done
