@@ -154,10 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     ns.add_argument("--vision", choices=["float", "int8"], default=None,
                     help="the vision graph's MatMul weights: int8 as 8-bit blocks of 32 (half their bytes; the "
                          "default with --weights int8) or float as they are (the default otherwise)")
-    ns.add_argument("--embedding", choices=["float", "int8"], default="float",
-                    help="int8: the embedding (the tied lm_head; an untied lm_head too) as 8-bit blocks of 32, read "
-                         "by the prefill through GatherBlockQuantized and MatMulNBits and by the native step's 8-bit "
-                         "kernels (236 MiB -> 125 MiB on the real decoder)")
+    ns.add_argument("--embedding", choices=["float", "int8"], default=None,
+                    help="int8 (the default with --weights int8): the embedding (the tied lm_head; an untied lm_head "
+                         "too) as 8-bit blocks of 32, read by the prefill through GatherBlockQuantized and "
+                         "MatMulNBits and by the native step's 8-bit kernels (236 MiB -> 125 MiB on the real "
+                         "decoder); float keeps it in the artifact's precision (the default otherwise)")
     rs = sub.add_parser("reslot", help="artifact -> the same graphs with another slot count (the decoder takes "
                         "any batch; ONNX Runtime flavours; TensorRT engines must be rebuilt)")
     rs.add_argument("artifact", type=Path, help="the artifact directory to read")

@@ -347,15 +347,17 @@ def write_weights(path: Path, tensors: dict[str, np.ndarray]) -> dict[str, dict]
 
 
 def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "float",
-                         vision: str | None = None, embedding: str = "float") -> af.Artifact:
+                         vision: str | None = None, embedding: str | None = None) -> af.Artifact:
     """ARTIFACT -> OUT with the decoder's weights in decoder_step.bin and read by the graph as inputs (module
     doc).  weights "int8": the layers' projections as 8-bit blocks (MatMulNBits' layout, read by the native step's
     8-bit kernels and by the graph); the embedding, the norms and the lm_head stay in the artifact's precision.
     vision "int8" (the default with 8-bit weights): the vision graph's MatMul weights as 8-bit MatMulNBits blocks
     of 32 (quantize.weight_int8); "float" (the default otherwise): the vision graph is copied.  The tokenizer is
-    copied.  embedding "int8": the embedding (and an untied lm_head) as 8-bit blocks of 32 (module doc)."""
+    copied.  embedding "int8" (the default with 8-bit weights): the embedding (and an untied lm_head) as 8-bit blocks
+    of 32 (module doc); "float" (the default otherwise) keeps it in the artifact's precision."""
     if weights not in ("float", "int8"):
         raise ValueError(f"weights must be 'float' or 'int8', not {weights!r}")
+    embedding = embedding or weights
     if embedding not in ("float", "int8"):
         raise ValueError(f"embedding must be 'float' or 'int8', not {embedding!r}")
     vision = vision or ("int8" if weights == "int8" else "float")

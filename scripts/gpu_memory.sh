@@ -34,9 +34,9 @@ source "$(dirname "$0")/gpu_realsize.sh"
 say "-- real-size FP16 export, fused for CUDA"
 realsize_slots 1 >> "$R/run.log" 2>&1 || { say "build failed"; exit 1; }
 F=$SLOTS_ART
-for v in float int8; do
-  NATIVE=$v realsize_slots 1 >> "$R/run.log" 2>&1 || { say "native-step $v failed"; exit 1; }
-done
+NATIVE=float realsize_slots 1 >> "$R/run.log" 2>&1 || { say "native-step float failed"; exit 1; }
+[ -f "$F-native-int8w/manifest.json" ] || run native8 90 $PY -m quantize native-step "$F" "$F-native-int8w" \
+  --weights int8 --embedding float
 [ -f "$F-native-int8e/manifest.json" ] || run native8e 90 $PY -m quantize native-step "$F" "$F-native-int8e" \
   --weights int8 --embedding int8
 
@@ -44,7 +44,7 @@ memory() { local name=$1 art=$2 config=$3; shift 3
   [ -d "$art" ] && run "memory_$name" 90 env EDGEOCR_NATIVE_STEP=1 "$@" $PY scripts/gpu_perf.py memory "$art" \
     --config "$config" --device cuda --tokens 256 --image "$IMG" --json "$R/memory_$name.json"; }
 memory native "$F-native-float" runtime
-memory native8 "$F-native-int8" runtime
+memory native8 "$F-native-int8w" runtime
 memory native8e "$F-native-int8e" runtime
 memory native_init "$F-native-float" initializers
 memory native8e_init "$F-native-int8e" initializers

@@ -59,7 +59,7 @@ fi
 rm -rf $W/fused $W/native $W/native8 $W/native8e
 step fuse $PY -m quantize fuse $W/export $W/fused --target $TARGET
 step native $PY -m quantize native-step $W/${NATIVE_FROM:-fused} $W/native
-step native8 $PY -m quantize native-step $W/${NATIVE_FROM:-fused} $W/native8 --weights int8
+step native8 $PY -m quantize native-step $W/${NATIVE_FROM:-fused} $W/native8 --weights int8 --embedding float
 step native8e $PY -m quantize native-step $W/${NATIVE_FROM:-fused} $W/native8e --weights int8 --embedding int8
 
 # 2. each kernel against its numpy twin, after a page's prefill and 16 steps

@@ -5,7 +5,8 @@
 # GPUs); it sets SLOTS_ART to the artifact to bench and returns non-zero (the failed step's last lines printed) if
 # a step fails.  $PY: the Python to run (default python3).  FUSE=0 benches the unfused export, as before
 # 2026-12-05.  NATIVE=float or NATIVE=int8 benches that artifact's `python -m quantize native-step` form
-# ($W/slotsN[-fused]-native-float|int8: edgeocr's own CUDA decode step, at most 8 slots).
+# ($W/slotsN[-fused]-native-float|int8: edgeocr's own CUDA decode step, at most 8 slots; int8: 8-bit weights and
+# embedding, the default of --weights int8).
 _last_line() {   # command...: run it, print its last line of output; on failure its last 10 lines and fail
   local out
   out=$("$@" 2>&1) || { printf '%s\n' "$out" | tail -10; return 1; }

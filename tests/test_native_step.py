@@ -391,7 +391,7 @@ def test_prefill_beside_and_vision_ahead_give_the_same_tokens(arts, monkeypatch)
 def q8_arts(arts, tmp_path_factory):
     from quantize.native_step import native_step_artifact
     root = tmp_path_factory.mktemp("native-q8")
-    native_step_artifact(arts["a"], root / "a-q8", weights="int8")
+    native_step_artifact(arts["a"], root / "a-q8", weights="int8", embedding="float")
     native_step_artifact(arts["a"], root / "a-q8e", weights="int8", embedding="int8")      # tied, exported lm_head
     native_step_artifact(arts["b-fused"], root / "b-fused-q8e", embedding="int8")          # untied, fused (Gemm)
     return {"a-q8": root / "a-q8", "a-q8e": root / "a-q8e", "b-fused-q8e": root / "b-fused-q8e"}
