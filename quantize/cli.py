@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                     "CPU's numpy twins only; on CUDA an FP32 artifact steps on ONNX Runtime)")
     ns.add_argument("out", type=Path, help="artifact directory to write (not ARTIFACT)")
     ns.add_argument("--weights", choices=["float", "int8"], default="float",
-                    help="int8: the layers' projections as 8-bit blocks of 32 (half their bytes; the embedding and "
-                         "lm_head stay FP16: about 2/3 of an FP16 step's weight bytes, computed)")
+                    help="int8: the layers' projections as 8-bit blocks of 32 (half their bytes), and by default the "
+                         "embedding and lm_head too (--embedding)")
     ns.add_argument("--vision", choices=["float", "int8"], default=None,
                     help="the vision graph's MatMul weights: int8 as 8-bit blocks of 32 (half their bytes; the "
                          "default with --weights int8) or float as they are (the default otherwise)")

@@ -20,8 +20,9 @@ the weights are not held twice (on disk and on the device), this pass moves them
 With `--weights int8` the layers' projections are stored as 8-bit blocks of 32 along their input (a weight is
 (q - 128) * scale, one FP16/FP32 scale a block): ONNX Runtime's MatMulNBits layout, so the graph reads the same
 bytes through MatMulNBits(x, W, W.scales) and the native step through its 8-bit GEMVs; the projections take half
-their bytes.  The embedding, the norms and the lm_head stay in the artifact's precision, so a real-size step reads
-about 2/3 of the FP16 step's weight bytes (computed).  With `--weights int8` the vision graph's MatMul weights become
+their bytes.  The norms stay in the artifact's precision, and so do the embedding and the lm_head with `--embedding
+float` (the default with float weights): a real-size step then reads about 2/3 of the FP16 step's weight bytes
+(computed).  With `--weights int8` the vision graph's MatMul weights become
 8-bit MatMulNBits blocks of 32 too (`--vision float` keeps them): the vision encoder's 0.8 GB of FP16 weights are
 most of what the 8-bit form would otherwise hold beside its decoder (`quantize weight-int8` does the same to it).
 
@@ -49,10 +50,13 @@ from pathlib import Path
 import numpy as np
 
 from edgeocr import artifact as af
+from edgeocr.backends.native_step import Q8_TABLE_ROWS
 
 log = logging.getLogger("edgeocr.quantize")
 
-NATIVE_STEP_VERSION = {"float": 1, "int8": 2}  # by embedding: an older runtime refuses an 8-bit one by its version
+# by embedding: an older runtime refuses an 8-bit one by its version (edgeocr.backends.native_step.VERSIONS; 3: the
+# 8-bit tables' rows padded, pad_rows)
+NATIVE_STEP_VERSION = {"float": 1, "int8": 3}
 WEIGHTS_FILE = "decoder_step.bin"
 ALIGN = 256                                   # bytes: every tensor starts on a 256-byte boundary
 INPUT_PREFIX = "native."
@@ -286,9 +290,10 @@ def _matmul_nbits(g, node, a: str, out: str, nbits: tuple, v: int, k: int) -> No
     g.node.remove(node)
 
 
-ROWS = 8    # an 8-bit table's rows, padded to a multiple of this: ONNX Runtime's CUDA MatMulNBits takes its one-row
-#             8-bit kernel only where N is a multiple of 8; otherwise it dequantizes the whole table into a scratch
-#             buffer of the arena for a cuBLAS GEMM (the real lm_head: 120,818 x 1,024 FP16, 236 MiB) on every prefill
+# an 8-bit table's rows, padded to a multiple of this: ONNX Runtime's CUDA MatMulNBits takes its one-row 8-bit kernel
+# only where N is a multiple of 8; otherwise it dequantizes the whole table into a scratch buffer of the arena for a
+# cuBLAS GEMM (the real lm_head: 120,818 x 1,024 FP16, 236 MiB) on every prefill
+ROWS = Q8_TABLE_ROWS
 
 
 def pad_rows(q: np.ndarray, scales: np.ndarray, multiple: int = ROWS) -> tuple[np.ndarray, np.ndarray]:
@@ -350,7 +355,7 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
                          vision: str | None = None, embedding: str | None = None) -> af.Artifact:
     """ARTIFACT -> OUT with the decoder's weights in decoder_step.bin and read by the graph as inputs (module
     doc).  weights "int8": the layers' projections as 8-bit blocks (MatMulNBits' layout, read by the native step's
-    8-bit kernels and by the graph); the embedding, the norms and the lm_head stay in the artifact's precision.
+    8-bit kernels and by the graph); the norms stay in the artifact's precision.
     vision "int8" (the default with 8-bit weights): the vision graph's MatMul weights as 8-bit MatMulNBits blocks
     of 32 (quantize.weight_int8); "float" (the default otherwise): the vision graph is copied.  The tokenizer is
     copied.  embedding "int8" (the default with 8-bit weights): the embedding (and an untied lm_head) as 8-bit blocks

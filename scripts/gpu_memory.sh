@@ -18,6 +18,7 @@ export PYTHONPATH=$([ -d "$SITE" ] && echo "$SITE:")$ROOT PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/out}
 R=$(mktemp -d)
+mkdir -p "$OUT"
 W=${W:-/tmp/work}
 mkdir -p "$W"
 IMG=$ROOT/calibration_data/eval/000000.jpg

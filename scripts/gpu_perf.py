@@ -245,7 +245,7 @@ def cmd_memory(a) -> int:
                     "weight_files_mib": weights, "kv_cache_mib": kv, "peak_mib": max(u for _, u in stages),
                     "timings_ms": runs, "seconds": round(time.perf_counter() - t, 1), "notes": notes,
                     "provider_options": ort_options.cuda_provider_options(m.precision)
-                    if a.config != "runtime" else "runtime"})
+                    if a.config not in ("runtime", "initializers") else "runtime"})
     return 0
 
 

@@ -2,14 +2,14 @@
 # On the GPU machine (CUDA torch and onnxruntime-gpu importable; SITE=/tmp/site is put first on PYTHONPATH if it
 # exists), one call of ~5 min: which attention kernel ONNX Runtime's MultiHeadAttention runs for the vision graph,
 # and whether device memory keeps growing page after page.
-#   1. the real-size architecture on random weights, FP16 export fused for CUDA and its native-step forms (FP16,
-#      8-bit weights and embedding), as scripts/gpu_memory.sh builds them ($W, reused when there)
+#   1. the real-size architecture on random weights, FP16 export fused for CUDA and its native-step form with FP16
+#      weights, as scripts/gpu_memory.sh builds them ($W, reused when there)
 #   2. `edgeocr bench` of the native FP16 artifact (first token: median of 7 calls, with vision and prefill) with
 #      ONNX Runtime's default attention kernel choice (flash attention), with flash attention off (cutlass memory-
 #      efficient attention), with cuDNN's fused attention alone (ORT_ENABLE_CUDNN_FLASH_ATTENTION and the others
 #      off), and with the vision arena kept between calls; the vision graph's output under each against the
 #      default's (scripts/vision_kernels_agree.py)
-#   3. scripts/gpu_perf.py memory of both native artifacts over 6 different eval pages of 256 tokens
+#   3. scripts/gpu_perf.py memory of the native FP16 artifact over 6 different eval pages of 256 tokens
 # Everything lands in $OUT/results.tar.gz.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,6 +19,7 @@ export PYTHONPATH=$([ -d "$SITE" ] && echo "$SITE:")$ROOT PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/out}
 R=$(mktemp -d)
+mkdir -p "$OUT"
 W=${W:-/tmp/work}
 mkdir -p "$W"
 IMG=$ROOT/calibration_data/eval/000000.jpg

@@ -451,6 +451,24 @@ def test_int8_embedding_same_tokens_as_onnx_runtimes_step(q8_arts, name, monkeyp
     assert len({tuple(r) for r in ref}) > 3
 
 
+def test_int8_embedding_of_version_2_still_runs(arts, tmp_path, monkeypatch):
+    """Artifacts written before the 8-bit tables were padded (version 2: [V, H] rows, the lm_head's MatMulNBits over
+    V rows and no Slice) still load, and their native step gives ONNX Runtime's step's tokens; `--weights int8`
+    alone now writes the padded form (version 3) with the 8-bit embedding."""
+    import quantize.native_step as ns
+    fresh = ns.native_step_artifact(arts["a"], tmp_path / "v3", weights="int8").decoder.native_step
+    assert (fresh["version"], fresh["embedding"], fresh["tensors"]["embed"]["shape"][0]) == (3, "int8", 416)
+    monkeypatch.setattr(ns, "pad_rows", lambda q, scales: (q, scales))
+    monkeypatch.setitem(ns.NATIVE_STEP_VERSION, "int8", 2)
+    old = ns.native_step_artifact(arts["a"], tmp_path / "v2", weights="int8", embedding="int8")
+    assert (old.decoder.native_step["version"], old.decoder.native_step["tensors"]["embed"]["shape"][0]) == (2, 413)
+    pages = _pages(4)
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
+    ref = _run(OCRModel(tmp_path / "v2"), pages, LENGTHS[:4])
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "numpy")
+    assert _run(OCRModel(tmp_path / "v2"), pages, LENGTHS[:4]) == ref
+
+
 def test_int8_embedding_bad_choices_are_named(arts, tmp_path):
     """An unknown --embedding is refused before anything is written; where the hidden width is not a multiple of
     32 the CUDA kernels say why they cannot take an 8-bit embedding."""
@@ -558,13 +576,14 @@ def _broken_copy(src, dst, edit):
 
 
 @pytest.mark.parametrize("case", ["row_past_tensor", "shape", "missing_tensor", "float_over_int8", "file_outside",
-                                  "unmapped_input", "unaligned_offset", "embedding_int8_over_float"])
+                                  "unmapped_input", "unaligned_offset", "embedding_int8_over_float",
+                                  "padded_rows_as_version_2", "newer_version"])
 def test_a_malformed_native_step_entry_is_refused_at_load(arts, q8_arts, tmp_path, case, monkeypatch):
     """What a hand-edited or damaged manifest could make the graph read past a buffer or read uint8 as floats is
     an ArtifactError naming the entry, before anything is bound (a row past its tensor used to crash the
     process)."""
     from edgeocr.errors import ArtifactError
-    src = q8_arts["a-q8"] if case == "float_over_int8" else arts["a-native"]
+    src = {"float_over_int8": q8_arts["a-q8"], "padded_rows_as_version_2": q8_arts["a-q8e"]}.get(case, arts["a-native"])
     edits = {
         "row_past_tensor": (lambda s: s["inputs"]["native.layers.1.down"].__setitem__(1, 100000),
                             "does not lie inside layers.1.down"),
@@ -576,6 +595,10 @@ def test_a_malformed_native_step_entry_is_refused_at_load(arts, q8_arts, tmp_pat
         "unaligned_offset": (lambda s: s["tensors"]["norm"].__setitem__("offset", s["tensors"]["norm"]["offset"] + 8),
                              "norm has offset .* multiple of 256"),
         "embedding_int8_over_float": (lambda s: s.__setitem__("embedding", "int8"), "embed is float32, expected uint8"),
+        # version 2 had the 8-bit tables unpadded: padded rows under it are a damaged entry, not a wider vocabulary
+        "padded_rows_as_version_2": (lambda s: s.__setitem__("version", 2),
+                                     r"embed has shape \[416, 64\], the model's sizes say \[413, 64\]"),
+        "newer_version": (lambda s: s.__setitem__("version", 4), "reads versions 1, 2, 3: update edgeocr"),
     }
     edit, message = edits[case]
     art = _broken_copy(src, tmp_path / case, edit)

@@ -44,6 +44,10 @@ from edgeocr.errors import ArtifactError, BackendError
 log = logging.getLogger("edgeocr")
 
 ENV = "EDGEOCR_NATIVE_STEP"
+VERSIONS = (1, 2, 3)         # of the manifest's native_step: 1 float embedding, 2 8-bit embedding, 3 the same with its
+#                              8-bit tables' rows padded to a multiple of Q8_TABLE_ROWS (quantize.native_step.pad_rows)
+Q8_TABLE_ROWS = 8            # ONNX Runtime's CUDA MatMulNBits runs its one-row 8-bit kernel only where N is a multiple
+#                              of 8; otherwise it dequantizes the whole table into its arena on every prefill
 SELECT_PARTS = 64            # blocks per slot of the first argmax pass
 CHUNK = 64                   # cache rows per attention block (decode_attention.cu's CHUNK); 16 and 32 were no faster
                              # at 1 slot and slower at 8 (H200, scripts/gpu_decode_kernels.py, 2026-12-05)
@@ -230,7 +234,7 @@ class NumpyStep:
         inv = 1.0 / np.sqrt((xf * xf).mean(-1, keepdims=True) + np.float32(eps))
         xn[...] = self.f(gamma) * self.rd(xf * inv)
 
-    # the first n rows of w: an 8-bit lm_head is stored with its rows padded to a multiple of 8 (MatMulNBits)
+    # the first n rows of w: an 8-bit lm_head is stored with its rows padded (Q8_TABLE_ROWS)
     def k_gemv(self, L, x, w, y, n, k):
         y[...] = self.f(x) @ self.f(w[:n]).T
 
@@ -456,9 +460,9 @@ def spec_problem(art: Artifact, directory: Path | None = None) -> str | None:
     spec = art.decoder.native_step
     if not isinstance(spec, dict):
         return f"native_step must be an object, not {type(spec).__name__}"
-    if spec.get("version") not in (1, 2):
-        return (f"native step weights of version {spec.get('version')!r}; this edgeocr reads versions 1 and 2: run "
-                "`python -m quantize native-step` again")
+    if spec.get("version") not in VERSIONS:
+        return (f"native step weights of version {spec.get('version')!r}; this edgeocr reads versions "
+                f"{', '.join(map(str, VERSIONS))}: update edgeocr, or run `python -m quantize native-step` again")
     tensors, inputs, f = spec.get("tensors"), spec.get("inputs"), spec.get("file")
     if not isinstance(tensors, dict) or not isinstance(inputs, dict):
         return "native_step needs a tensors object and an inputs object"
@@ -483,11 +487,10 @@ def spec_problem(art: Artifact, directory: Path | None = None) -> str | None:
         projections = []
     if embedding == "int8":
         projections += [k for k in ("embed", "lm_head") if k in want]
-    if embedding == "int8":     # the 8-bit tables' rows may be padded to a multiple of 8 (quantize.native_step)
+    if embedding == "int8" and spec.get("version", 0) >= 3:     # the 8-bit tables' rows padded (VERSIONS)
         for k in ("embed", "lm_head"):
-            got = tensors.get(k, {}).get("shape") if isinstance(tensors.get(k), dict) else None
-            if k in want and got == [-(-V // 8) * 8, H]:
-                want[k] = got
+            if k in want:
+                want[k] = [-(-V // Q8_TABLE_ROWS) * Q8_TABLE_ROWS, H]
     want.update({k + ".scales": [want[k][0], want[k][1] // 32] for k in projections})
     size = (Path(directory) / f).stat().st_size if directory is not None and (Path(directory) / f).is_file() else None
     for name, shape in want.items():
