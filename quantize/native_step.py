@@ -224,7 +224,7 @@ def _rewire_embedding(g, inputs: dict, tensors: dict[str, np.ndarray]) -> int:
         name = INPUT_PREFIX + tensor
         if tensor + SCALES not in tensors:
             continue
-        rows, k = tensors[tensor].shape             # rows: v padded to a multiple of ROWS (pad_rows)
+        rows, k = tensors[tensor].shape             # rows: v padded (pad_rows)
         v = inputs[name][2][0]
         scales = (tensor + SCALES, 0, [v, k // BLOCK])
         nbits = (name + NBITS, (tensor, 0, [rows, k // BLOCK, BLOCK]), (tensor + SCALES, 0, [rows * (k // BLOCK)]))
@@ -290,16 +290,10 @@ def _matmul_nbits(g, node, a: str, out: str, nbits: tuple, v: int, k: int) -> No
     g.node.remove(node)
 
 
-# an 8-bit table's rows, padded to a multiple of this: ONNX Runtime's CUDA MatMulNBits takes its one-row 8-bit kernel
-# only where N is a multiple of 8; otherwise it dequantizes the whole table into a scratch buffer of the arena for a
-# cuBLAS GEMM (the real lm_head: 120,818 x 1,024 FP16, 236 MiB) on every prefill
-ROWS = Q8_TABLE_ROWS
-
-
-def pad_rows(q: np.ndarray, scales: np.ndarray, multiple: int = ROWS) -> tuple[np.ndarray, np.ndarray]:
+def pad_rows(q: np.ndarray, scales: np.ndarray, multiple: int = Q8_TABLE_ROWS) -> tuple[np.ndarray, np.ndarray]:
     """8-bit blocks (quantize_rows) with rows appended up to a multiple of `multiple`: weights 128 (zero) and scales
-    0.  The lookup reads the first V rows; the lm_head's MatMulNBits computes all of them and a Slice drops the
-    padding's logits."""
+    0 (module doc: ONNX Runtime's one-row 8-bit MatMulNBits kernel needs it).  The lookup reads the first V rows;
+    the lm_head's MatMulNBits computes all of them and a Slice drops the padding's logits."""
     pad = (-q.shape[0]) % multiple
     if not pad:
         return q, scales

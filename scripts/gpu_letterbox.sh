@@ -12,23 +12,10 @@
 #      tokens of the 8-bit-embedding artifact's native step against ONNX Runtime's step on two eval pages
 # Everything lands in $OUT/results.tar.gz (one file: a call brings back only a few); exits with the tests' status.
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-SITE=${SITE:-/tmp/site}
-export PYTHONPATH=$([ -d "$SITE" ] && echo "$SITE:")$ROOT PYTHONUNBUFFERED=1
-PY=${PYTHON:-python3}
-OUT=${OUT:-/tmp/out}
-R=$(mktemp -d)
 W=${WORK:-/tmp/work-letterbox}
-mkdir -p "$W"
-IMG=$ROOT/calibration_data/eval/000000.jpg
-T0=$(date +%s)
-say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$R/run.log"; }
-run() { local name=$1 limit=$2; shift 2; say "-- $name"; timeout -k 5 "$limit" "$@" >> "$R/run.log" 2>&1
-  local rc=$?; [ $rc = 0 ] || say "   $name failed (rc $rc)"; return $rc; }
-finish() { say "done"; tar czf "$OUT/results.tar.gz" -C "$R" .; exit "${rc_tests:-1}"; }
-trap finish EXIT
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$R/run.log"
+# shellcheck source=scripts/gpu_call_common.sh
+source "$(dirname "$0")/gpu_call_common.sh" /tmp/work-letterbox
+trap 'finish; exit "${rc_tests:-1}"' EXIT    # the tests' status
 
 say "gpu tests"
 timeout -k 5 "${TESTS_S:-150}" $PY -m pytest -m gpu -q -s -p no:cacheprovider tests/test_gpu.py \

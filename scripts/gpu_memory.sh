@@ -11,24 +11,8 @@
 #      ONNX Runtime's step on two eval pages; with CACHE2048=1 also an FP16 export with a 2,048-row cache
 # Everything lands in $OUT/results.tar.gz.
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
-SITE=${SITE:-/tmp/site}
-export PYTHONPATH=$([ -d "$SITE" ] && echo "$SITE:")$ROOT PYTHONUNBUFFERED=1
-PY=${PYTHON:-python3}
-OUT=${OUT:-/tmp/out}
-R=$(mktemp -d)
-mkdir -p "$OUT"
-W=${W:-/tmp/work}
-mkdir -p "$W"
-IMG=$ROOT/calibration_data/eval/000000.jpg
-T0=$(date +%s)
-say() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$R/run.log"; }
-run() { local name=$1 limit=$2; shift 2; say "-- $name"; timeout -k 5 "$limit" "$@" >> "$R/run.log" 2>&1
-  local rc=$?; [ $rc = 0 ] || say "   $name failed (rc $rc)"; return $rc; }
-finish() { say "done"; tar czf "$OUT/results.tar.gz" -C "$R" .; }
-trap finish EXIT
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$R/run.log"
+# shellcheck source=scripts/gpu_call_common.sh
+source "$(dirname "$0")/gpu_call_common.sh" /tmp/work
 # shellcheck source=scripts/gpu_realsize.sh
 source "$(dirname "$0")/gpu_realsize.sh"
 
