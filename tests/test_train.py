@@ -138,3 +138,20 @@ def test_eval_pages_refuses_an_unknown_set_before_loading(tmp_path, subset):
     from quantize.train.evaluate import eval_pages
     with pytest.raises(ValueError, match="evaluation set must be one of"):
         eval_pages(tmp_path / "no-checkpoint", 1, subset=subset)
+
+
+def test_max_target_tokens_reaches_the_run_and_a_too_small_one_is_refused(tmp_path, monkeypatch):
+    """`--max-target-tokens` (the real HTML pages reach about 1,500 tokens) is the run's cut, also with --tiny
+    (whose own cut is 64); below 16 the command line names the value."""
+    import quantize.train.loop as loop
+    from quantize.train.__main__ import main
+    from quantize.train.config import TrainConfig
+
+    seen = []
+    monkeypatch.setattr(loop, "train", lambda out, cfg, opts: seen.append(cfg))
+    main([str(tmp_path / "a"), "--device", "cpu", "--max-target-tokens", "1024"])
+    main([str(tmp_path / "b"), "--device", "cpu", "--tiny", "--max-target-tokens", "100"])
+    main([str(tmp_path / "c"), "--device", "cpu"])
+    assert [c.max_target_tokens for c in seen] == [1024, 100, TrainConfig.max_target_tokens]
+    with pytest.raises(SystemExit, match="--max-target-tokens 8: expected at least 16"):
+        main([str(tmp_path / "d"), "--device", "cpu", "--max-target-tokens", "8"])

@@ -47,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--shifts", type=int, default=d.shifts, help="shifted placements per page")
     ap.add_argument("--augment", type=float, default=d.augment,
                     help="probability of each photometric augmentation per page view (0 = off)")
+    ap.add_argument("--max-target-tokens", type=int,
+                    help=f"longer targets are cut, without their end token (default {d.max_target_tokens}; the real "
+                         "pages of `quantize htmldocs` reach about 1,500)")
     ap.add_argument("--glyph-loss", type=float, default=d.glyph_loss,
                     help="weight of the encoder's per-cell character loss (0 = off)")
     ap.add_argument("--workers", type=int, default=0, help="rendering processes (default: every core)")
@@ -86,11 +89,16 @@ def main(argv=None) -> int:
                       seed=args.seed, pool_pages=args.pool_pages, data_seed=args.data_seed,
                       reading_frac=args.reading_frac, reading_levels=_levels(args.reading_level),
                       qk_gain=args.qk_gain, qk_gain_lr=args.qk_gain_lr, shifts=args.shifts, augment=args.augment,
-                      glyph_loss=args.glyph_loss, workers=args.workers or (os.cpu_count() or 1),
+                      glyph_loss=args.glyph_loss, max_target_tokens=args.max_target_tokens or TrainConfig.max_target_tokens,
+                      workers=args.workers or (os.cpu_count() or 1),
                       eval_every=args.eval_every, eval_images=args.eval_images, log_every=args.log_every)
+    if args.max_target_tokens is not None and args.max_target_tokens < 16:
+        raise SystemExit(f"--max-target-tokens {args.max_target_tokens}: expected at least 16")
     if args.tiny:
         cfg = tiny(cfg)
         cfg = replace(cfg, eval_images=min(cfg.eval_images, args.eval_images))
+        if args.max_target_tokens:
+            cfg = replace(cfg, max_target_tokens=args.max_target_tokens)
     from quantize.train.loop import RunOptions, train
     train(args.out, cfg, RunOptions(
         device=args.device, resume=args.resume, init=args.init, tokenizer=args.tokenizer,
