@@ -89,8 +89,8 @@ def main(argv=None) -> int:
                       seed=args.seed, pool_pages=args.pool_pages, data_seed=args.data_seed,
                       reading_frac=args.reading_frac, reading_levels=_levels(args.reading_level),
                       qk_gain=args.qk_gain, qk_gain_lr=args.qk_gain_lr, shifts=args.shifts, augment=args.augment,
-                      glyph_loss=args.glyph_loss, max_target_tokens=args.max_target_tokens or TrainConfig.max_target_tokens,
-                      workers=args.workers or (os.cpu_count() or 1),
+                      glyph_loss=args.glyph_loss, workers=args.workers or (os.cpu_count() or 1),
+                      max_target_tokens=args.max_target_tokens or TrainConfig.max_target_tokens,
                       eval_every=args.eval_every, eval_images=args.eval_images, log_every=args.log_every)
     if args.max_target_tokens is not None and args.max_target_tokens < 16:
         raise SystemExit(f"--max-target-tokens {args.max_target_tokens}: expected at least 16")
