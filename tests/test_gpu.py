@@ -169,8 +169,11 @@ def test_demo_step_state_on_cuda_graphs(tmp_path, monkeypatch):
     assert state.session.resyncs == 0
 
 
-def test_demo_native_step_on_cuda(tmp_path, monkeypatch):
-    """`quantize native-step` of the demo model's fast FP16 flavour with 3 slots: every kernel of a decode step
+@pytest.mark.parametrize("weights", ["float", "int8"])
+def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights):
+    """`quantize native-step` of the demo model's fast FP16 flavour with 3 slots, FP16 weights or 8-bit weights and
+    embedding (the demo vocabulary, 2,213 rows, is not a multiple of 8: the 8-bit table is padded and the lm_head's
+    logits sliced, as for the real one): every kernel of a decode step
     against its numpy twin on the page's real state (kernel by kernel), then 6 eval pages through the native CUDA
     step (one CUDA graph a step) give the tokens of ONNX Runtime's step on the same artifact, or part at a near
     tie: two FP16 engines that sum in different orders may pick either of two tokens whose logits are closer than
@@ -186,7 +189,8 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch):
     near_tie = 0.05
     pages = [p.path for p in load_dir(Path(__file__).resolve().parents[1] / "calibration_data" / "eval")[:6]]
     art = _demo_export(tmp_path, "fast16x3", precision="fp16", attention="gqa", select_on_device=True, slots=3)
-    native_step_artifact(art, tmp_path / "native")
+    native = native_step_artifact(art, tmp_path / "native", weights=weights)
+    assert native.decoder.native_step["embedding"] == weights
     monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "1")
     nat = OCRModel(tmp_path / "native", device="cuda")
     assert nat.session.engine == "native-cuda" and nat.preparer.engine == "kernels"    # the exact path's pixels
