@@ -13,7 +13,8 @@
 # RUN (/tmp/edgeocr-cur), OUT ($RUN/out), DEADLINE_S (560 s from this script's start: each stage is shortened, or
 # skipped, so that the checkpoint is packed and measured before then; RESERVE_S, 150, is what a stage's start, the
 # packing and the measuring take; subtract what the call does before the script from DEADLINE_S). Results in $OUT: final.tar.gz (bf16 checkpoint of the last stage,
-# every stage's train_log.jsonl, run_summary.json and train_config.json; written before measuring), diag.json,
+# every stage's train_log.jsonl, run_summary.json and train_config.json; written before measuring), diag.json (unless
+# DIAG_PAGES=0),
 # eval.json, eval_html.json and cur.log. Wall time on one H200 with 16 cores: the first pool (about 75 s for 8,192 pages) + the
 # stages' seconds + about 30 s of model loads per stage + about 90 s of measuring.
 # Carry the tarball's checkpoint/ back (e.g. in .carry/) and give it as INIT to continue in a later call.
@@ -24,6 +25,9 @@ RUN_DEFAULT=/tmp/edgeocr-cur LOG_NAME=cur.log
 source "$(dirname "$0")/gpu_run_common.sh"
 common=(--pool-pages "${POOL_PAGES:-6144}" --batch "${BATCH:-32}" --eval-every 0 --device "${DEVICE:-cuda}")
 names=() secs=() flags=()
+for v in DIAG_PAGES EVAL_PAGES EVAL_HTML_PAGES; do
+  [[ "${!v:-8}" =~ ^[0-9]+$ ]] || { echo "$v must be a whole number, not '${!v}'"; exit 2; }
+done
 while IFS='|' read -r name s f; do
   [ -z "$name" ] && continue
   [[ "$s" =~ ^[0-9]+$ ]] || { echo "stage $name: SECONDS must be a whole number, not '$s'"; exit 2; }
