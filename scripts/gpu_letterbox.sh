@@ -14,7 +14,7 @@
 set -uo pipefail
 W=${WORK:-/tmp/work-letterbox}
 # shellcheck source=scripts/gpu_call_common.sh
-source "$(dirname "$0")/gpu_call_common.sh" /tmp/work-letterbox
+source "$(dirname "$0")/gpu_call_common.sh" "$W"
 trap 'finish; exit "${rc_tests:-1}"' EXIT    # the tests' status
 
 say "gpu tests"

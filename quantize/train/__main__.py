@@ -90,15 +90,14 @@ def main(argv=None) -> int:
                       reading_frac=args.reading_frac, reading_levels=_levels(args.reading_level),
                       qk_gain=args.qk_gain, qk_gain_lr=args.qk_gain_lr, shifts=args.shifts, augment=args.augment,
                       glyph_loss=args.glyph_loss, workers=args.workers or (os.cpu_count() or 1),
-                      max_target_tokens=args.max_target_tokens or TrainConfig.max_target_tokens,
                       eval_every=args.eval_every, eval_images=args.eval_images, log_every=args.log_every)
     if args.max_target_tokens is not None and args.max_target_tokens < 16:
         raise SystemExit(f"--max-target-tokens {args.max_target_tokens}: expected at least 16")
     if args.tiny:
         cfg = tiny(cfg)
         cfg = replace(cfg, eval_images=min(cfg.eval_images, args.eval_images))
-        if args.max_target_tokens:
-            cfg = replace(cfg, max_target_tokens=args.max_target_tokens)
+    if args.max_target_tokens:                   # over TrainConfig's and --tiny's own cut
+        cfg = replace(cfg, max_target_tokens=args.max_target_tokens)
     from quantize.train.loop import RunOptions, train
     train(args.out, cfg, RunOptions(
         device=args.device, resume=args.resume, init=args.init, tokenizer=args.tokenizer,
