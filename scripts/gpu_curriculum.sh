@@ -9,7 +9,8 @@
 # Each stage line is NAME|SECONDS|FLAGS (flags of python -m quantize.train; give each stage its own
 # --data-seed so no page is seen in two stages). INIT: the checkpoint to start from (demo_model, or one carried
 # back from an earlier call). Env: POOL_PAGES (6144), BATCH (32), EVAL_PAGES (8), EVAL_HTML_PAGES (8), EVAL_BATCH (8:
-# pages per generate call when measuring), DIAG_PAGES (8; 0 skips the diagnosis),
+# pages per generate call when measuring), DIAG_PAGES (8; 0 skips the diagnosis; EVAL_PAGES and EVAL_HTML_PAGES
+# likewise skip their measuring: a call that only trains, measured afterwards on the CPU),
 # RUN (/tmp/edgeocr-cur), OUT ($RUN/out), DEADLINE_S (560 s from this script's start: each stage is shortened, or
 # skipped, so that the checkpoint is packed and measured before then; RESERVE_S, 150, is what a stage's start, the
 # packing and the measuring take; subtract what the call does before the script from DEADLINE_S). Results in $OUT: final.tar.gz (bf16 checkpoint of the last stage,
@@ -113,9 +114,10 @@ if [ "${DIAG_PAGES:-8}" -gt 0 ]; then
   python3 scripts/diag_image_use.py "$prev" --device "${DEVICE:-cuda}" --pages "${DIAG_PAGES:-8}" --levels 0,0.5,1 \
     --json "$OUT/diag.json" 2>&1 | grep -vE "Loading|Writing" | tee -a "$LOG"
 fi
-python3 scripts/eval_ckpt.py "$prev" --device "${DEVICE:-cuda}" --pages "${EVAL_PAGES:-8}" --batch "${EVAL_BATCH:-8}" \
-  --json "$OUT/eval.json" \
-  2>&1 | grep -vE "Loading|Writing" | tee -a "$LOG"
+if [ "${EVAL_PAGES:-8}" -gt 0 ]; then
+  python3 scripts/eval_ckpt.py "$prev" --device "${DEVICE:-cuda}" --pages "${EVAL_PAGES:-8}" --batch "${EVAL_BATCH:-8}" \
+    --json "$OUT/eval.json" 2>&1 | grep -vE "Loading|Writing" | tee -a "$LOG"
+fi
 if [ "${EVAL_HTML_PAGES:-8}" -gt 0 ]; then
   python3 scripts/eval_ckpt.py "$prev" --device "${DEVICE:-cuda}" --pages "${EVAL_HTML_PAGES:-8}" --set eval_html \
     --batch "${EVAL_BATCH:-8}" \
