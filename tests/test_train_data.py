@@ -143,3 +143,16 @@ def test_augmentation_is_seeded_and_keeps_the_page():
     assert torch.equal(plain[0, :, 0, 0], lut[:, 255]) and torch.equal(plain[0, :, 30, 30], lut[:, 0])
     # augmented: still a dark block on a light page, not the same pixels
     assert (px[0][:, :, 30, 30] < px[0][:, :, 5, 5] - 1.0).all() and not torch.equal(px[0], plain)
+
+
+def test_the_pool_is_fixed_by_the_data_flags_not_by_the_training_seed():
+    """A run continuing another with a new --seed (other page draws and augmentation) loads the cached pool of
+    the same data flags; a new --data-seed or another folder gives another pool."""
+    from quantize.train.config import TrainConfig
+    from quantize.train.loop import RunOptions, pool_spec
+
+    opts = RunOptions(page_dirs=("/data/a",))
+    base = pool_spec(TrainConfig(seed=0, data_seed=8500), opts)
+    assert pool_spec(TrainConfig(seed=1, data_seed=8500), opts) == base
+    assert pool_spec(TrainConfig(seed=0, data_seed=8501), opts) != base
+    assert pool_spec(TrainConfig(seed=0, data_seed=8500), RunOptions(page_dirs=("/data/b",))) != base

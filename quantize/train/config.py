@@ -14,7 +14,7 @@ class TrainConfig:
     warmup: int = 150                 # linear warm-up steps
     weight_decay: float = 0.05        # on matrices only
     clip: float = 1.0                 # gradient-norm clip
-    seed: int = 0                     # model init, page draws, augmentation
+    seed: int = 0                     # model init, page draws, augmentation (not the pool: data_seed fixes it)
     # page pool
     pool_pages: int = 8192            # generated pages rendered once per run (uint8 on the device, 3 MiB each)
     data_seed: int = 7000             # generator seed (calibration_data uses 1001, eval 2002)

@@ -43,6 +43,17 @@ class RunOptions:
                                          # recipe can share it
 
 
+def pool_spec(cfg: TrainConfig, opts: RunOptions):
+    """The page pool a run draws from: fixed by the data flags alone (generator seed and share, folders, target
+    cut, shift draws seeded by data_seed), not by --seed, so that a run continuing another with a new --seed
+    (other page draws and augmentation) loads the same cached pool."""
+    from quantize.train.pool import PoolSpec
+    return PoolSpec(generated=cfg.pool_pages, data_seed=cfg.data_seed, reading_frac=cfg.reading_frac,
+                    degrade_prob=cfg.degrade_prob, dirs=tuple(str(d) for d in opts.page_dirs), shifts=cfg.shifts,
+                    max_shift=cfg.max_shift, max_target_tokens=cfg.max_target_tokens, glyph_chars=cfg.glyph_chars,
+                    seed=cfg.data_seed, reading_levels=tuple(cfg.reading_levels))
+
+
 class _Staging:
     """A ring of pinned host buffers for the per-step index upload (a buffer is reused only after its
     copy has completed), or plain tensors off CUDA."""
@@ -101,7 +112,7 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
     from quantize.train.measure import GpuBusy, RunSummary
     from quantize.train.model import make_model
     from quantize.train.pages import charset_index
-    from quantize.train.pool import PoolSpec, build_pool
+    from quantize.train.pool import build_pool
 
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -167,10 +178,7 @@ def train(out: Path, cfg: TrainConfig, opts: RunOptions) -> Path:
              cfg.batch, device)
 
     t_pool = time.perf_counter()
-    spec = PoolSpec(generated=cfg.pool_pages, data_seed=cfg.data_seed, reading_frac=cfg.reading_frac,
-                    degrade_prob=cfg.degrade_prob, dirs=tuple(str(d) for d in opts.page_dirs), shifts=cfg.shifts,
-                    max_shift=cfg.max_shift, max_target_tokens=cfg.max_target_tokens, glyph_chars=cfg.glyph_chars,
-                    seed=cfg.seed, reading_levels=tuple(cfg.reading_levels))
+    spec = pool_spec(cfg, opts)
     pool = build_pool(spec, tok, ids["eos_token_id"], opts.pool_cache or out / "pool", device, cfg.workers)
     pool_s = time.perf_counter() - t_pool
     fwd = BatchedHunYuanVL(model, image_start=0)
