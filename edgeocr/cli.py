@@ -22,6 +22,7 @@ from edgeocr.errors import EdgeOCRError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 128 + 2                 # SIGINT, as shells report it
+EXIT_PIPE = 128 + 13                       # SIGPIPE: stdout's reader went away (`edgeocr run ... | head`)
 
 
 def _pending(refs: list, state, out) -> list:
@@ -46,6 +47,8 @@ def _run(args) -> int:
         return _usage("--stream prints to the terminal; it does not combine with --out")
     if args.remote and args.stream:
         return _usage("--stream is for local runs, not --remote")
+    if args.stream and args.format == "json":
+        return _usage("--stream prints text as it is generated; it does not combine with --format json")
     if (args.resume or args.overwrite) and not args.out:
         return _usage("--resume and --overwrite apply to an --out file")
     if args.resume and args.overwrite:
@@ -383,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                        description="Pages go to stdout (text, or one JSON per page), or with --out to a JSONL file, "
                                    "one line per page as it finishes, with a progress bar on a terminal. "
                                    "Exit codes: 0 all pages read, 1 a page failed (or an error), 2 usage, "
-                                   "130 interrupted (Ctrl-C: pages in flight finish; again: stop now).")
+                                   "130 interrupted (Ctrl-C: pages in flight finish; again: stop now), "
+                                   "141 stdout closed by its reader (e.g. piped to head).")
     r.add_argument("images", nargs="+", metavar="INPUT",
                    help="image file, PDF (each page; needs the pdf extra), folder (its images and PDFs, sorted) "
                         "or quoted glob pattern ('scans/**/*.pdf')")
@@ -512,3 +516,11 @@ def main(argv: list[str] | None = None) -> int:
     except EdgeOCRError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:
+        # stdout's reader has gone (`edgeocr run ... | head`): stop quietly, as a tool ended by SIGPIPE does;
+        # stdout goes to /dev/null so that flushing it at exit does not fail again
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return EXIT_PIPE

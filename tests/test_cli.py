@@ -46,6 +46,25 @@ def test_run_text_json_and_errors(art_a, tmp_path):
     assert p.returncode == 2 and "no model" in p.stderr
 
 
+def test_run_stops_quietly_when_its_reader_goes_away(art_a, tmp_path):
+    """`edgeocr run ... | head -1`: once stdout's reader has closed the pipe the run stops with 141 (as a tool
+    ended by SIGPIPE), no traceback; --stream with --format json is refused as a usage error."""
+    imgs = []
+    for k in range(4):
+        imgs.append(tmp_path / f"p{k}.png")
+        Image.fromarray(make_image(k)).save(imgs[-1])
+    p = subprocess.Popen([sys.executable, "-m", "edgeocr", "run", *map(str, imgs), "--model", str(art_a),
+                          "--format", "json", "--max-new-tokens", "3"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert json.loads(p.stdout.readline())["generated_tokens"] == 3
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=600) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    p = run("-m", "edgeocr", "run", str(imgs[0]), "--model", str(art_a), "--stream", "--format", "json", check=False)
+    assert p.returncode == 2 and "--stream" in p.stderr and "--format json" in p.stderr
+
+
 def test_summary_line_says_when_the_text_is_cut():
     """A page that ended on a full KV cache or on --max-new-tokens says its text is cut and what to change; a
     page that stopped says nothing more."""
