@@ -249,6 +249,16 @@ class Gates:
     min_agreement: float | None = None         # share of pages with identical tokens
 
 
+def gates_passed(s: dict, g: Gates) -> list[str]:
+    """What each gate given measured, for the line that says they passed."""
+    said = []
+    if g.max_cer_increase is not None and s.get("cer_increase") is not None:
+        said.append(f"CER increase {s['cer_increase'] * 100:.2f} points <= {g.max_cer_increase * 100:.2f}")
+    if g.min_agreement is not None:
+        said.append(f"exact agreement {(s['exact_agreement'] or 0.0) * 100:.1f}% >= {g.min_agreement * 100:.1f}%")
+    return said
+
+
 def check_gates(s: dict, g: Gates) -> list[str]:
     failed = []
     if g.max_cer_increase is not None:
@@ -284,13 +294,16 @@ def run_check(reference: str, candidate: str, data: str, out: Path, task: str = 
             "max_new_tokens": max_new_tokens, "key": f"{ref.identity}|{cand.identity}|{task}|{lang}|{max_new_tokens}"}
     progress_file = out.with_suffix(".pages.jsonl")
     done: dict[tuple[str, str], dict] = {}     # (file name, sha256 of its bytes) -> page
+    other = 0                                   # rows of other settings (kept in the file, not resumed)
     if resume and progress_file.exists():
         for line in progress_file.read_text(encoding="utf-8").splitlines():
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue         # a line cut by an interruption
-            if rec.get("key") == meta["key"] and rec.get("image_sha256") and "error" not in rec["page"]:
+            if rec.get("key") != meta["key"]:
+                other += 1
+            elif rec.get("image_sha256") and "error" not in rec["page"]:
                 done[rec["page"]["image"], rec["image_sha256"]] = rec["page"]      # error rows are tried again
     elif progress_file.exists():
         progress_file.unlink()
@@ -313,6 +326,7 @@ def run_check(reference: str, candidate: str, data: str, out: Path, task: str = 
                 progress(i, len(samples), s.name, page, time.perf_counter() - t0)
     summary = summarize(pages)
     summary["resumed_pages"] = resumed
+    summary["other_settings_rows"] = other
     failed = check_gates(summary, gates)
     summary["gates_failed"] = failed
     write_reports(out, meta, pages, summary)
@@ -385,6 +399,13 @@ def main(args, open_runner=Runner) -> int:
     if summary["resumed_pages"]:
         print(f"(resumed: {summary['resumed_pages']} page(s) taken from {Path(args.out).with_suffix('.pages.jsonl')})")
     print(f"reports: {Path(args.out).with_suffix('.json')}, {Path(args.out).with_suffix('.csv')}")
+    if summary.get("other_settings_rows"):
+        print(f"(the reports were rewritten for these settings; {Path(args.out).with_suffix('.pages.jsonl')} also "
+              f"holds {summary['other_settings_rows']} page(s) of other settings (models, task, language or "
+              "--max-new-tokens): give another --out to keep one report per setting)", file=sys.stderr)
+    gates = Gates(args.max_cer_increase, args.min_agreement)
+    if not summary["gates_failed"] and (passed := gates_passed(summary, gates)):
+        print("gates passed: " + "; ".join(passed))
     for f in summary["gates_failed"]:
         print(f"GATE FAILED: {f}", file=sys.stderr)
     if summary["errors"]:

@@ -102,6 +102,7 @@ def test_cli_reports_exit_codes_and_resume(art_a, art_b, tmp_path):
     assert all(p["first_divergent_token"] is None for p in rep["pages"])
     assert rep["pages"][0]["reference"]["cer"] > 0            # random weights do not read
     assert "CER" in r.stdout and out.with_suffix(".csv").read_text().count("\n") == 4
+    assert "gates passed: CER increase 0.00 points <= 0.00" in r.stdout
     # whitespace-free CER and its NFKC variant, per page, in the summary, the CSV and the printed table
     from edgeocr.dataset import load_dir
     refs = {s.name: s.text for s in load_dir(data)[:3]}
@@ -119,6 +120,12 @@ def test_cli_reports_exit_codes_and_resume(art_a, art_b, tmp_path):
     # resume: the finished pages are taken from the progress file, nothing is recomputed
     r = _check("--reference", str(art_a), "--candidate", str(art_a), *base)
     assert r.returncode == 0 and "resumed: 3 page(s)" in r.stdout and "[1/3]" not in r.stderr
+    assert "gates passed" not in r.stdout and "other settings" not in r.stderr       # no gate given
+    # other settings on the same --out (here --max-new-tokens): nothing resumed, and the run says the reports
+    # were rewritten while the progress file keeps the other rows
+    r = _check("--reference", str(art_a), "--candidate", str(art_a), *base[:-4], "--max-new-tokens", "5",
+               "--out", str(out))
+    assert r.returncode == 0 and "resumed" not in r.stdout and "holds 3 page(s) of other settings" in r.stderr
     # an interrupted run (progress file holds 1 page + a torn line) finishes the rest only
     lines = out.with_suffix(".pages.jsonl").read_text().splitlines()
     out.with_suffix(".pages.jsonl").write_text(lines[0] + "\n" + lines[1][:40])
