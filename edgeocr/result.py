@@ -33,6 +33,12 @@ class OCRResult:
         }
 
 
+def drop_cut_character(text: str) -> str:
+    """A page's text without the replacement characters at its end: byte-level BPE writes a character in one to
+    four tokens, and a page cut off (max_new_tokens, a full cache, a cancel) can end inside one."""
+    return text.rstrip("\ufffd")
+
+
 class ResultBuilder:
     """A finished sequence as an OCRResult: text cleaned, spotting boxes mapped back to the original image."""
 
@@ -43,7 +49,7 @@ class ResultBuilder:
     def __call__(self, seq: Sequence, prep: Prepared, task: str | None, vision_ms: float,
                  admitted: float) -> OCRResult:
         """admitted: perf_counter when the page's admission began; `total` adds its preparation time."""
-        text = postprocess.clean_repeated_substrings(self.tokenizer.decode(seq.tokens))
+        text = postprocess.clean_repeated_substrings(drop_cut_character(self.tokenizer.decode(seq.tokens)))
         lines = []
         if task in prompts.SPOTTING_TASKS:
             lines = postprocess.parse_spotting(text, prep.letterbox, self.canvas)

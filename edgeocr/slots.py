@@ -42,6 +42,7 @@ from edgeocr import decode
 from edgeocr.decode import DecodeOptions, FinishReason, Sequence
 from edgeocr.errors import BackendError
 from edgeocr.prepare import Prepared, Preparer
+from edgeocr.result import drop_cut_character
 from edgeocr.selection import Selection
 
 log = logging.getLogger("edgeocr")
@@ -344,7 +345,9 @@ class SlotScheduler:
         decode_ids, toks = self.tokenizer.decode, held.seq.tokens
         before = decode_ids(toks[held.prefix_offset:held.read_offset])
         now = decode_ids(toks[held.prefix_offset:])
-        if len(now) > len(before) and (not now.endswith("\ufffd") or held.seq.finish_reason):
+        if held.seq.finish_reason:
+            now = drop_cut_character(now)    # a character the page's end cut is not written (nor in the result)
+        if len(now) > len(before) and not now.endswith("\ufffd"):
             held.prefix_offset, held.read_offset = held.read_offset, len(toks)
             return now[len(before):]
         return ""

@@ -245,3 +245,23 @@ def _blank_reference(rgb):
         hist = np.bincount(rgb[..., c].ravel(), minlength=256)
         ink = max(ink, int(hist[np.abs(levels - int(np.argmax(hist))) > preprocess.INK_CONTRAST].sum()))
     return ink < preprocess.BLANK_MAX_INK * rgb.shape[0] * rgb.shape[1]
+
+
+def test_a_character_cut_by_the_pages_end_is_not_written():
+    """Byte-level BPE writes 淼 in two tokens of the demo tokenizer: a page cut after the first of them ends
+    without a replacement character in its result; a page whose last character is whole keeps every character."""
+    from pathlib import Path
+
+    from edgeocr.decode import DecodeOptions, FinishReason, Sequence
+    from edgeocr.prepare import Prepared
+    from edgeocr.preprocess import Letterbox
+    from edgeocr.result import ResultBuilder
+    from edgeocr.tokenizer import Tokenizer
+    tok = Tokenizer(Path(__file__).resolve().parents[1] / "demo_model" / "tokenizer.json")
+    ids = tok.encode("鑫淼")
+    assert tok.decode(ids[:-1]).endswith("\ufffd")          # the premise: 淼 takes more than one token
+    build = ResultBuilder(tok, 1024)
+    prep = Prepared(np.zeros((4, 4, 3), np.uint8), Letterbox(4, 4, 1.0, 4, 4))
+    for tokens, want in ((ids[:-1], "鑫"), (ids, "鑫淼"), (ids[:1], "")):
+        seq = Sequence(np.zeros(3, np.int64), DecodeOptions(), frozenset(), 1.0, list(tokens), FinishReason.LENGTH)
+        assert build(seq, prep, None, 0.0, 0.0).text == want, tokens
