@@ -358,8 +358,9 @@ def _graph_arg(p) -> None:
 def _vision_ahead_arg(p) -> None:
     p.add_argument("--vision-ahead", choices=list(_GRAPH), default="auto",
                    help="run each page's vision on its own thread while the other slots decode, only its prefill "
-                        "pausing them (auto, the default: env EDGEOCR_VISION_AHEAD=1 turns it on, else off; on the "
-                        "H200 it did not beat the default, docs/batching.md)")
+                        "pausing them (auto, the default: env EDGEOCR_VISION_AHEAD=1 turns it on, else off; measured: no "
+                        "gain on the H200 with ONNX Runtime's step, 5 %% more pages/s on an H100 with the native "
+                        "step; docs/batching.md, docs/perf.md section 9)")
 
 
 def _pixels_arg(p) -> None:

@@ -68,7 +68,8 @@ HELP = {
     "backlog": "listen backlog (capped by net.core.somaxconn)",
     "metrics": "serve Prometheus /metrics (true/false)", "warmup": "warm up before ready (true/false)",
     "vision_ahead": "run each page's vision on its own thread while the other slots decode (true/false; "
-                    "not yet measured on a GPU, docs/batching.md)",
+                    "measured: no gain on the H200 with ONNX Runtime's step, 5 % more pages/s on an H100 with the "
+                    "native step; docs/batching.md, docs/perf.md section 9)",
     "log_level": "debug, info, warning or error",
 }
 LOG_LEVELS = ("debug", "info", "warning", "error")
