@@ -25,9 +25,18 @@ step() {   # step "what" command...: run quietly into the log; on failure show t
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
 step "setting up .venv (scripts/setup.sh)" bash scripts/setup.sh
 PY=.venv/bin/python
+# an artifact built before demo_model/ changed (a new model pulled) is built again, not read with the old weights
+for a in build/demo-fp32 build/demo-int8; do
+    [ -f "$a/manifest.json" ] || continue
+    if ! $PY -c 'import json, sys; from pathlib import Path; from quantize.checkpoint import checkpoint_hash
+sys.exit(json.loads(Path(sys.argv[1], "manifest.json").read_text())["source"]["sha256"] != checkpoint_hash(Path("demo_model")))' "$a"; then
+        echo "$a was built from other demo_model/ weights: building it again"
+        rm -rf "$a"
+    fi
+done
 [ -f build/demo-fp32/manifest.json ] || step "exporting demo_model -> build/demo-fp32" \
     $PY -m quantize export demo_model build/demo-fp32 --cache-len 2048 --prefill-len 1280
-[ -f build/demo-int8/manifest.json ] || step "calibrating INT8 -> build/demo-int8 (4-8 min)" \
+[ -f build/demo-int8/manifest.json ] || step "calibrating INT8 -> build/demo-int8 (2-4 min)" \
     $PY -m quantize int8 demo_model build/demo-int8 --calib calibration_data/calib --cache-len 2048 --prefill-len 1280
 step "reading 3 held-out pages with FP32 and INT8" \
     $PY -m edgeocr check --reference build/demo-fp32 --candidate build/demo-int8 --data calibration_data/eval \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up a development/CI environment in .venv: CPU torch (pinned, from the local wheel where present),
+# Set up a development/CI environment in .venv: CPU torch (pinned; a local wheel, else PyTorch's CPU index),
 # edgeocr with its export, data, dev, peer and ray extras, the fonts the document generators render with,
 # Chromium (the HTML document generator, the daemon's page test) and Tesseract (scripts/peer_compare.py); and
 # .venv-ort-oldest: the oldest ONNX Runtime pyproject.toml allows (the newest patch of the `onnxruntime>=X.Y` pin's
@@ -32,8 +32,14 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
-# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build
-.venv/bin/pip install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
+# torch first, pinned, the CPU build: from a local wheel where pip's find-links has one, else from PyTorch's CPU
+# index (PyPI's Linux torch is the CUDA build, several GB)
+if .venv/bin/pip install -q --dry-run --no-deps --no-index torch==2.13.0 >/dev/null 2>&1; then
+    .venv/bin/pip install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
+else
+    .venv/bin/pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu 2>&1 \
+        | grep -v "^WARNING: Location" || true
+fi
 .venv/bin/pip install -q -e '.[cpu,export,data,dev,peer,ray]' 2>&1 | grep -v "^WARNING: Location" || true
 # rapidocr_onnxruntime requires opencv-python (the GUI build, which needs libGL); both it and the headless build
 # provide cv2, so the headless one is written last
