@@ -23,7 +23,7 @@ step() {   # step "what" command...: run quietly into the log; on failure show t
     fi
 }
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
-step "setting up .venv (scripts/setup.sh)" bash scripts/setup.sh
+step "setting up .venv (scripts/setup.sh --demo)" bash scripts/setup.sh --demo
 PY=.venv/bin/python
 # an artifact built before demo_model/ changed (a new model pulled) is built again, not read with the old weights
 for a in build/demo-fp32 build/demo-int8; do

@@ -5,6 +5,8 @@
 # .venv-ort-oldest: the oldest ONNX Runtime pyproject.toml allows (the newest patch of the `onnxruntime>=X.Y` pin's
 # X.Y) with edgeocr's runtime dependencies only (no torch), for tests/test_oldest_onnxruntime.py.
 #     scripts/setup.sh --ort-oldest    makes (or refreshes) only .venv-ort-oldest
+#     scripts/setup.sh --demo          only what scripts/demo.sh needs: CPU torch and edgeocr's cpu, export, int8
+#                                      and check extras in .venv (no system packages, no .venv-ort-oldest)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -17,7 +19,9 @@ ort_oldest() {
     .venv-ort-oldest/bin/python -c "import onnxruntime, edgeocr; print('.venv-ort-oldest: onnxruntime', onnxruntime.__version__)"
 }
 if [ "${1:-}" = --ort-oldest ]; then ort_oldest; exit; fi
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+demo=; [ "${1:-}" = --demo ] && demo=1
+if [ -n "${1:-}" ] && [ -z "$demo" ]; then echo "setup.sh: unknown option '$1' (--demo, --ort-oldest)" >&2; exit 2; fi
+if [ -z "$demo" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     need=""
     fc-list 2>/dev/null | grep -qi "Noto Sans CJK" || need="$need fonts-noto-cjk fonts-wqy-microhei fonts-arphic-uming fonts-liberation2 fonts-dejavu-core fontconfig"
     command -v chromium >/dev/null || need="$need chromium"          # the daemon's web page test, quantize.htmldocs
@@ -39,6 +43,11 @@ if .venv/bin/pip install -q --dry-run --no-deps --no-index torch==2.13.0 >/dev/n
 else
     .venv/bin/pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu 2>&1 \
         | grep -v "^WARNING: Location" || true
+fi
+if [ -n "$demo" ]; then
+    .venv/bin/pip install -q -e '.[cpu,export,int8,check]' 2>&1 | grep -v "^WARNING: Location" || true
+    .venv/bin/python -c "import torch, transformers, onnxruntime, nncf, edgeocr; print('edgeocr', edgeocr.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| onnxruntime', onnxruntime.__version__)"
+    exit
 fi
 .venv/bin/pip install -q -e '.[cpu,export,data,dev,peer,ray]' 2>&1 | grep -v "^WARNING: Location" || true
 # rapidocr_onnxruntime requires opencv-python (the GUI build, which needs libGL); both it and the headless build
