@@ -13,6 +13,9 @@
                                                     runtime's own CUDA decode step, shared with the graph)
     python -m quantize reslot ARTIFACT OUT --slots N     (same graphs, another slot count; ONNX Runtime)
     python -m quantize tiny OUT [--config tiny-a|tiny-b] [--seed N]
+    python -m quantize grow CHECKPOINT OUT [--text-layers N] [--vision-layers M] [--init copy|fresh] [--seed S]
+                                   (a deeper checkpoint computing the same function: new layers
+                                    with zeroed residual writers, spread between the old ones)
     python -m quantize train ...       (the demo model's trainer: python -m quantize train --help)
     python -m quantize docgen ...      (the synthetic business-document generator)
     python -m quantize htmldocs OUT --count N --seed S [--workers W]   (HTML/CSS documents via headless Chromium)
@@ -74,6 +77,25 @@ def _int8(args) -> None:
         shutil.rmtree(work, ignore_errors=True)
     _print_sizes(m, args.out)
     _progress(f"int8 artifact built in {time.perf_counter() - t0:.0f} s")
+
+
+def _grow(args) -> None:
+    from quantize.grow import SHIPPED_LIMIT, GrowOptions, grow
+
+    if args.seed is not None and args.init != "fresh":
+        raise ValueError("--seed draws the layers of --init fresh; --init copy draws nothing")
+    r = grow(args.checkpoint, args.out, GrowOptions(text_layers=args.text_layers, vision_layers=args.vision_layers,
+                                                    init=args.init, seed=args.seed or 0), progress=_progress)
+    mib = 2**20
+    print(f"parameters      {r.params_before:>12,} -> {r.params_after:,}")
+    print(f"safetensors     {r.weight_bytes_before / mib:>9.2f} MiB -> {r.weight_bytes_after / mib:.2f} MiB")
+    for what, plan in (("decoder", r.text_plan), ("vision", r.vision_plan)):
+        old = sum(i is not None for i in plan)
+        print(f"{what + ' layers':<15} {old:>12} -> {len(plan)}   "
+              + " ".join("+" if i is None else str(i) for i in plan) + "   (+ = new)")
+    fits = "within" if r.disk_bytes_after <= SHIPPED_LIMIT else "OVER"
+    print(f"{args.out} on disk: {r.disk_bytes_after / mib:.2f} MiB, {fits} the shipped model's "
+          f"{SHIPPED_LIMIT / mib:.0f} MiB")
 
 
 def _export_args(p) -> None:
@@ -168,6 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("out", type=Path, help="checkpoint directory to write")
     t.add_argument("--config", choices=["tiny-a", "tiny-b"], default="tiny-a")
     t.add_argument("--seed", type=int, default=0)
+    gr = sub.add_parser("grow", help="checkpoint -> a deeper checkpoint that computes exactly the same function "
+                        "(new layers copy a neighbour, their output projections zeroed), to train further")
+    gr.add_argument("checkpoint", type=Path, help="Hugging Face HunyuanVL checkpoint directory to read (SRC)")
+    gr.add_argument("out", type=Path, help="new or empty checkpoint directory to write")
+    gr.add_argument("--text-layers", type=int, default=None,
+                    help="decoder layers of OUT (default: SRC's; at least SRC's)")
+    gr.add_argument("--vision-layers", type=int, default=None,
+                    help="vision-encoder layers of OUT (default: SRC's; at least SRC's)")
+    gr.add_argument("--init", choices=["copy", "fresh"], default="copy",
+                    help="a new layer's other tensors: copy = the SRC layer before it (default); fresh = "
+                         "projections N(0, initializer_range), norms 1, biases 0, drawn from --seed")
+    gr.add_argument("--seed", type=int, default=None, help="the fresh init's draws (--init fresh; default 0)")
     sub.add_parser("train", help="train the demo model (options: python -m quantize train --help)", add_help=False)
     sub.add_parser("docgen", help="generate synthetic business documents (python -m quantize docgen --help)",
                    add_help=False)
@@ -230,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             from quantize.native_step import native_step_artifact
             _print_sizes(native_step_artifact(args.artifact, args.out, progress=_progress, weights=args.weights,
                                               vision=args.vision, embedding=args.embedding), args.out)
+        elif args.cmd == "grow":
+            _grow(args)
         elif args.cmd == "tiny":
             from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
             tc = {"tiny-a": TINY_A, "tiny-b": TINY_B}[args.config]

@@ -48,7 +48,30 @@ for i in "${!names[@]}"; do
   done
 done
 
-# every stage's pool, one after another in the background (all host cores but one: a stage trains meanwhile);
+# A stage's pool lives in POOLS (default /tmp/edgeocr-pools) under a key of its flags less --seed (the pool is fixed
+# by the data flags, quantize.train.loop.pool_spec): a later call on the same machine whose stage has the same
+# data flags (a new --seed: other draws) loads it instead of rendering it again. Pools no stage of this call uses
+# are deleted first (each takes 3 MiB a page of the machine's disk).
+POOLS=${POOLS:-/tmp/edgeocr-pools}
+pool_key() {
+  local w skip= kept=()
+  for w in $1; do
+    if [ -n "$skip" ]; then skip=; continue; fi
+    case $w in --seed) skip=1; continue; ;; --seed=*) continue; ;; esac
+    kept+=("$w")
+  done
+  printf '%s\n' "${common[@]}" "${kept[@]}" | sha1sum | cut -c1-12
+}
+caches=()
+for i in "${!names[@]}"; do caches+=("$POOLS/$(pool_key "${flags[$i]}")"); done
+mkdir -p "$POOLS"
+for d in "$POOLS"/*/; do
+  [ -d "$d" ] || continue
+  case " ${caches[*]} " in *" ${d%/} "*) ;; *) say "deleting the page pool ${d%/} (no stage of this call uses it)"; rm -rf "$d"; ;; esac
+done
+
+# every stage's pool, one after another in the background (all host cores but one: a stage trains meanwhile),
+# unless a finished one with its key is there already;
 # a pool that fails leaves a .failed marker and stops the stages; the pools still rendering when the script ends
 # are stopped
 T0=$(date +%s)
@@ -58,8 +81,12 @@ rm -f "$RUN"/pool-*.ready "$RUN"/pool-*.failed
 (
   for i in "${!names[@]}"; do
     read -r -a f <<<"${flags[$i]}"
-    if python3 -m quantize.train "$RUN/pool-only-${names[$i]}" --init demo_model --budget-s 0 --workers "$workers" \
-      --pool-cache "$RUN/pool-${names[$i]}" "${common[@]}" "${f[@]}" >"$RUN/pool-${names[$i]}.log" 2>&1; then
+    if [ -f "${caches[$i]}/meta.pt" ] && [ -f "${caches[$i]}/canvases.npy" ]; then
+      echo "pool: ${caches[$i]} is there (rendered by an earlier call; its fingerprint is checked when loaded)" \
+        >"$RUN/pool-${names[$i]}.log"
+      touch "$RUN/pool-${names[$i]}.ready"
+    elif python3 -m quantize.train "$RUN/pool-only-${names[$i]}" --init demo_model --budget-s 0 --workers "$workers" \
+      --pool-cache "${caches[$i]}" "${common[@]}" "${f[@]}" >"$RUN/pool-${names[$i]}.log" 2>&1; then
       touch "$RUN/pool-${names[$i]}.ready"
     else
       touch "$RUN/pool-${names[$i]}.failed"; exit 1
@@ -82,12 +109,12 @@ for i in "${!names[@]}"; do
   # back (and, with the default reserve, its measurements)
   left=$(left_s)
   if [ "$left" -lt 30 ]; then say "stage $n and after: skipped, only $left s left before DEADLINE_S"; break; fi
-  grep -h "pool:.*pages (" "$RUN/pool-$n.log" | tee -a "$LOG" || true
+  grep -hE "pool:.*pages \(|pool: .* is there" "$RUN/pool-$n.log" | tee -a "$LOG" || true
   read -r -a f <<<"${flags[$i]}"
   s=${secs[$i]}
   if [ "$s" -gt "$left" ]; then say "stage $n: cut from $s s to $left s (DEADLINE_S ${DEADLINE_S:-560})"; s=$left; fi
   say "stage $n: $s s from $prev: ${flags[$i]}"
-  python3 -m quantize.train "$RUN/$n" --init "$prev" --gpu-seconds "$s" --pool-cache "$RUN/pool-$n" \
+  python3 -m quantize.train "$RUN/$n" --init "$prev" --gpu-seconds "$s" --pool-cache "${caches[$i]}" \
     "${common[@]}" "${f[@]}" >"$RUN/$n.log" 2>&1 || { tail -20 "$RUN/$n.log" | tee -a "$LOG"; exit 1; }
   grep -E "step .*loss" "$RUN/$n.log" | awk 'NR % 20 == 1' | tail -8 | sed "s/^/$n: /" | tee -a "$LOG"
   grep -E "step .*loss" "$RUN/$n.log" | tail -1 | sed "s/^/$n: /" | tee -a "$LOG"

@@ -155,3 +155,31 @@ def test_max_target_tokens_reaches_the_run_and_a_too_small_one_is_refused(tmp_pa
     assert [c.max_target_tokens for c in seen] == [1024, 100, TrainConfig.max_target_tokens]
     with pytest.raises(SystemExit, match="--max-target-tokens 8: expected at least 16"):
         main([str(tmp_path / "d"), "--device", "cpu", "--max-target-tokens", "8"])
+
+
+def test_curriculum_calls_share_a_pool_across_training_seeds(tmp_path):
+    """scripts/gpu_curriculum.sh on the CPU: a later call whose stage has the same data flags and another --seed
+    loads the pool the first call rendered (a later call on the GPU machine skips the rendering); a call with other
+    data flags deletes the pools it does not use and renders its own."""
+    import os
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",   # its python3: this one
+           "DEVICE": "cpu", "POOLS": str(tmp_path / "pools"), "POOL_PAGES": "2", "BATCH": "2",
+           "DIAG_PAGES": "0", "EVAL_PAGES": "0", "EVAL_HTML_PAGES": "0", "DEADLINE_S": "900", "RESERVE_S": "0"}
+
+    def call(run, stages, init="demo_model"):
+        r = subprocess.run(["bash", "scripts/gpu_curriculum.sh"], cwd=root, capture_output=True, text=True,
+                           timeout=900, env={**env, "RUN": str(tmp_path / run), "INIT": str(init), "STAGES": stages})
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert (tmp_path / run / "out" / "final.tar.gz").exists()
+        return r.stdout, (tmp_path / run / f"{stages.split('|')[0]}.log").read_text()
+
+    data = "--data-seed 9 --reading-frac 0.5 --max-target-tokens 64"
+    log, train_log = call("c1", f"a|2|{data}")
+    assert "page pool: 2 pages (2 generated, 0 from folders) rendered" in log + train_log
+    assert len(os.listdir(tmp_path / "pools")) == 1
+    log, train_log = call("c2", f"b|2|--seed 1 {data}", init=tmp_path / "c1" / "a" / "checkpoint")
+    assert "is there (rendered by an earlier call" in log and "page pool: 2 pages loaded from" in train_log
+    assert json.loads((tmp_path / "c2" / "b" / "train_config.json").read_text())["seed"] == 1
+    log, _ = call("c3", "c|2|--data-seed 10 --reading-frac 0.5 --max-target-tokens 64")
+    assert "deleting the page pool" in log and len(os.listdir(tmp_path / "pools")) == 1
