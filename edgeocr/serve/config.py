@@ -137,7 +137,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         default = oct(f.default) if f.name == "socket_mode" else f.default
         switch = dict(nargs="?", const="true") if _TYPES[f.name] in ("bool", bool) else {}    # --metrics = true
         ap.add_argument("--" + f.name.replace("_", "-"), default=None, metavar=f.name.upper(), **switch,
-                        help=f"{HELP[f.name]} (env {env}; default {default!r})")
+                        help=f"{HELP[f.name]} (env {env}; default {default!r})".replace("%", "%%"))
 
 
 def resolve(args: argparse.Namespace, environ=os.environ) -> ServerConfig:
