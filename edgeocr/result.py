@@ -33,10 +33,17 @@ class OCRResult:
         }
 
 
-def drop_cut_character(text: str) -> str:
-    """A page's text without the replacement characters at its end: byte-level BPE writes a character in one to
-    four tokens, and a page cut off (max_new_tokens, a full cache, a cancel) can end inside one."""
-    return text.rstrip("\ufffd")
+CUT = frozenset({FinishReason.LENGTH, FinishReason.CACHE_FULL, FinishReason.REPETITION, FinishReason.CANCELLED})
+
+
+def drop_cut_character(text: str, tokens: list[int], tokenizer, finish_reason) -> str:
+    """`text` (the decoded `tokens`, or its end) without the replacement character that a page cut off inside a
+    character ends on: byte-level BPE writes a character in one to four tokens.  Only for a page that was cut
+    (not one the model stopped) and only where the tokens' bytes end inside a character, so a U+FFFD the model
+    wrote whole is kept."""
+    if finish_reason in CUT and text.endswith("\ufffd") and tokenizer.ends_inside_a_character(tokens):
+        return text[:-1]
+    return text
 
 
 class ResultBuilder:
@@ -49,7 +56,8 @@ class ResultBuilder:
     def __call__(self, seq: Sequence, prep: Prepared, task: str | None, vision_ms: float,
                  admitted: float) -> OCRResult:
         """admitted: perf_counter when the page's admission began; `total` adds its preparation time."""
-        text = postprocess.clean_repeated_substrings(drop_cut_character(self.tokenizer.decode(seq.tokens)))
+        text = drop_cut_character(self.tokenizer.decode(seq.tokens), seq.tokens, self.tokenizer, seq.finish_reason)
+        text = postprocess.clean_repeated_substrings(text)
         lines = []
         if task in prompts.SPOTTING_TASKS:
             lines = postprocess.parse_spotting(text, prep.letterbox, self.canvas)

@@ -345,8 +345,8 @@ class SlotScheduler:
         decode_ids, toks = self.tokenizer.decode, held.seq.tokens
         before = decode_ids(toks[held.prefix_offset:held.read_offset])
         now = decode_ids(toks[held.prefix_offset:])
-        if held.seq.finish_reason:
-            now = drop_cut_character(now)    # a character the page's end cut is not written (nor in the result)
+        if held.seq.finish_reason:           # a character the page's end cut is not written (nor in the result)
+            now = drop_cut_character(now, toks, self.tokenizer, held.seq.finish_reason)
         if len(now) > len(before) and not now.endswith("\ufffd"):
             held.prefix_offset, held.read_offset = held.read_offset, len(toks)
             return now[len(before):]

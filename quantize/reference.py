@@ -16,7 +16,7 @@ import numpy as np
 from edgeocr import postprocess, preprocess, prompts
 from edgeocr.artifact import image_token_count
 from edgeocr.decode import FinishReason
-from edgeocr.result import OCRResult
+from edgeocr.result import OCRResult, drop_cut_character
 from edgeocr.tokenizer import Tokenizer
 
 
@@ -127,8 +127,9 @@ class TransformersRunner:
         results = []
         for row, (_, _, lb) in zip(out[:, n_prompt:].tolist(), pages):
             gen = row[:next((i + 1 for i, t in enumerate(row) if t in self.stop_ids), len(row))]
-            text = self.tok.decode(gen)
             stop = bool(gen) and gen[-1] in self.stop_ids
+            text = drop_cut_character(self.tok.decode(gen), gen, self.tok, FinishReason.STOP if stop else
+                                      FinishReason.LENGTH)       # as the runtime's result (edgeocr.result)
             lines = postprocess.parse_spotting(text, lb, preprocess.CANVAS) if task in prompts.SPOTTING_TASKS else []
             results.append(OCRResult(text=text, lines=lines, finish_reason=FinishReason.STOP if stop else
                                      FinishReason.LENGTH, prompt_tokens=n_prompt, generated_tokens=len(gen),

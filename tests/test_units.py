@@ -265,3 +265,13 @@ def test_a_character_cut_by_the_pages_end_is_not_written():
     for tokens, want in ((ids[:-1], "鑫"), (ids, "鑫淼"), (ids[:1], "")):
         seq = Sequence(np.zeros(3, np.int64), DecodeOptions(), frozenset(), 1.0, list(tokens), FinishReason.LENGTH)
         assert build(seq, prep, None, 0.0, 0.0).text == want, tokens
+    # a U+FFFD the model wrote whole is kept, cut or not; a page the model stopped is not touched
+    whole = tok.encode("end\ufffd")
+    for tokens, reason in ((whole, FinishReason.LENGTH), (ids[:-1], FinishReason.STOP)):
+        seq = Sequence(np.zeros(3, np.int64), DecodeOptions(), frozenset(), 1.0, list(tokens), reason)
+        assert build(seq, prep, None, 0.0, 0.0).text.endswith("\ufffd"), (tokens, reason)
+    # the byte-level check itself, at every cut of characters of one to four UTF-8 bytes
+    for text in ("Ω≈ç√", " 𠀀x", "鑫淼", "abc"):
+        t = tok.encode(text)
+        for k in range(1, len(t) + 1):
+            assert tok.ends_inside_a_character(t[:k]) == tok.decode(t[:k]).endswith("\ufffd"), (text, k)
