@@ -329,6 +329,7 @@ def run_check(reference: str, candidate: str, data: str, out: Path, task: str = 
     summary["other_settings_rows"] = other
     failed = check_gates(summary, gates)
     summary["gates_failed"] = failed
+    summary["gates_passed"] = [] if failed else gates_passed(summary, gates)
     write_reports(out, meta, pages, summary)
     code = EXIT_GATE if failed else EXIT_ERROR if summary["errors"] else EXIT_OK
     return code, dict(summary, meta=meta)
@@ -403,9 +404,8 @@ def main(args, open_runner=Runner) -> int:
         print(f"(the reports were rewritten for these settings; {Path(args.out).with_suffix('.pages.jsonl')} also "
               f"holds {summary['other_settings_rows']} page(s) of other settings (models, task, language or "
               "--max-new-tokens): give another --out to keep one report per setting)", file=sys.stderr)
-    gates = Gates(args.max_cer_increase, args.min_agreement)
-    if not summary["gates_failed"] and (passed := gates_passed(summary, gates)):
-        print("gates passed: " + "; ".join(passed))
+    if code == EXIT_OK and summary["gates_passed"]:
+        print("gates passed: " + "; ".join(summary["gates_passed"]))
     for f in summary["gates_failed"]:
         print(f"GATE FAILED: {f}", file=sys.stderr)
     if summary["errors"]:

@@ -485,6 +485,21 @@ def main(argv: list[str] | None = None) -> int:
         args.preprocess = default_preprocess(args.device, getattr(args, "backend", "onnxruntime"))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return _command(args)
+    except BrokenPipeError:
+        # stdout's reader has gone (`edgeocr run ... | head`): stop quietly, as a tool ended by SIGPIPE does;
+        # stdout goes to /dev/null so that flushing it at exit does not fail again
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return EXIT_PIPE
+
+
+def _command(args) -> int:
+    from edgeocr import prompts
+
     if args.cmd == "tasks":
         table = prompts.TASKS_EN if args.lang == "en" else prompts.TASKS_ZH
         for k in prompts.task_names():
@@ -517,11 +532,3 @@ def main(argv: list[str] | None = None) -> int:
     except EdgeOCRError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
-    except BrokenPipeError:
-        # stdout's reader has gone (`edgeocr run ... | head`): stop quietly, as a tool ended by SIGPIPE does;
-        # stdout goes to /dev/null so that flushing it at exit does not fail again
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except OSError:
-            pass
-        return EXIT_PIPE

@@ -110,8 +110,8 @@ class OCRModel:
         self.table_cos, self.table_sin = rope.text_table(art.cache_len, self.freqs)   # [cache_len, D] each
         self._prompt = functools.lru_cache(maxsize=64)(self._build_prompt)
         self.load_ms = (time.perf_counter() - t0) * 1e3
-        log.debug("loaded %s (%s, %s, %d slot(s)) in %.0f ms", self.path, art.precision, self.session.name,
-                  self.slots, self.load_ms)
+        log.info("loaded %s (%s, %s, %d slot(s)) in %.0f ms", self.path, art.precision, self.session.name,
+                 self.slots, self.load_ms)
 
     @property
     def slots(self) -> int:

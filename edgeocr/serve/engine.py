@@ -127,8 +127,6 @@ class EngineWorker(threading.Thread):
         t0 = time.perf_counter()
         self.model, self.info = self.opener(self.cfg)
         self.sched = self.model.scheduler(deltas=True, vision_ahead=self.cfg.vision_ahead)
-        log.info("loaded %s (%s, %s, %d slot(s)) in %.1f s", self.cfg.artifact, self.info.get("precision"),
-                 self.info.get("backend"), self.sched.slots, time.perf_counter() - t0)
         if self.cfg.warmup:
             self.phase = "warming"
             self.notifier.status("warming up")
