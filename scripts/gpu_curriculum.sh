@@ -48,26 +48,24 @@ for i in "${!names[@]}"; do
   done
 done
 
-# A stage's pool lives in POOLS (default /tmp/edgeocr-pools) under a key of its flags less --seed (the pool is fixed
-# by the data flags, quantize.train.loop.pool_spec): a later call on the same machine whose stage has the same
-# data flags (a new --seed: other draws) loads it instead of rendering it again. Pools no stage of this call uses
-# are deleted first (each takes 3 MiB a page of the machine's disk).
+# A stage's pool lives in POOLS (default /tmp/edgeocr-pools) under its fingerprint (`quantize.train
+# --print-pool-key`: the data flags and the tokenizer, what a cached pool is checked against when loaded; not
+# --seed, --lr or the other training flags): a later call on the same machine whose stage draws from the same
+# pool (another --seed, another learning rate) loads it instead of rendering it again. The pools no stage of
+# this call uses are deleted first (each takes 3 MiB a page of the machine's disk).
 POOLS=${POOLS:-/tmp/edgeocr-pools}
-pool_key() {
-  local w skip= kept=()
-  for w in $1; do
-    if [ -n "$skip" ]; then skip=; continue; fi
-    case $w in --seed) skip=1; continue; ;; --seed=*) continue; ;; esac
-    kept+=("$w")
-  done
-  printf '%s\n' "${common[@]}" "${kept[@]}" | sha1sum | cut -c1-12
-}
 caches=()
-for i in "${!names[@]}"; do caches+=("$POOLS/$(pool_key "${flags[$i]}")"); done
+for i in "${!names[@]}"; do
+  read -r -a f <<<"${flags[$i]}"
+  key=$(python3 -m quantize.train "$RUN/pool-key" --init demo_model --print-pool-key "${common[@]}" "${f[@]}") \
+    || { say "stage ${names[$i]}: its flags are refused (above)"; exit 2; }
+  caches+=("$POOLS/$key")
+done
 mkdir -p "$POOLS"
 for d in "$POOLS"/*/; do
-  [ -d "$d" ] || continue
-  case " ${caches[*]} " in *" ${d%/} "*) ;; *) say "deleting the page pool ${d%/} (no stage of this call uses it)"; rm -rf "$d"; ;; esac
+  d=${d%/}
+  [[ "$(basename "$d")" =~ ^[0-9a-f]{16}$ ]] && { [ -f "$d/meta.pt" ] || [ -f "$d/canvases.npy" ]; } || continue
+  case " ${caches[*]} " in *" $d "*) ;; *) say "deleting the page pool $d (no stage of this call uses it)"; rm -rf "$d"; ;; esac
 done
 
 # every stage's pool, one after another in the background (all host cores but one: a stage trains meanwhile),
@@ -82,8 +80,7 @@ rm -f "$RUN"/pool-*.ready "$RUN"/pool-*.failed
   for i in "${!names[@]}"; do
     read -r -a f <<<"${flags[$i]}"
     if [ -f "${caches[$i]}/meta.pt" ] && [ -f "${caches[$i]}/canvases.npy" ]; then
-      echo "pool: ${caches[$i]} is there (rendered by an earlier call; its fingerprint is checked when loaded)" \
-        >"$RUN/pool-${names[$i]}.log"
+      echo "pool: ${caches[$i]} is there (rendered by an earlier call)" >"$RUN/pool-${names[$i]}.log"
       touch "$RUN/pool-${names[$i]}.ready"
     elif python3 -m quantize.train "$RUN/pool-only-${names[$i]}" --init demo_model --budget-s 0 --workers "$workers" \
       --pool-cache "${caches[$i]}" "${common[@]}" "${f[@]}" >"$RUN/pool-${names[$i]}.log" 2>&1; then

@@ -178,8 +178,14 @@ def test_curriculum_calls_share_a_pool_across_training_seeds(tmp_path):
     log, train_log = call("c1", f"a|2|{data}")
     assert "page pool: 2 pages (2 generated, 0 from folders) rendered" in log + train_log
     assert len(os.listdir(tmp_path / "pools")) == 1
-    log, train_log = call("c2", f"b|2|--seed 1 {data}", init=tmp_path / "c1" / "a" / "checkpoint")
+    (pool,) = os.listdir(tmp_path / "pools")
+    assert len(pool) == 16 and set(pool) <= set("0123456789abcdef")       # the pool's fingerprint
+    (tmp_path / "pools" / "other").mkdir()                                  # not a pool: left alone
+    log, train_log = call("c2", f"b|2|--seed 1 --lr 5e-4 {data}", init=tmp_path / "c1" / "a" / "checkpoint")
     assert "is there (rendered by an earlier call" in log and "page pool: 2 pages loaded from" in train_log
-    assert json.loads((tmp_path / "c2" / "b" / "train_config.json").read_text())["seed"] == 1
+    cfg = json.loads((tmp_path / "c2" / "b" / "train_config.json").read_text())
+    assert cfg["seed"] == 1 and cfg["lr"] == 5e-4
     log, _ = call("c3", "c|2|--data-seed 10 --reading-frac 0.5 --max-target-tokens 64")
-    assert "deleting the page pool" in log and len(os.listdir(tmp_path / "pools")) == 1
+    assert f"deleting the page pool {tmp_path / 'pools' / pool}" in log
+    left = os.listdir(tmp_path / "pools")
+    assert "other" in left and pool not in left and len(left) == 2

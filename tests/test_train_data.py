@@ -156,3 +156,27 @@ def test_the_pool_is_fixed_by_the_data_flags_not_by_the_training_seed():
     assert pool_spec(TrainConfig(seed=1, data_seed=8500), opts) == base
     assert pool_spec(TrainConfig(seed=0, data_seed=8501), opts) != base
     assert pool_spec(TrainConfig(seed=0, data_seed=8500), RunOptions(page_dirs=("/data/b",))) != base
+
+
+def test_print_pool_key_is_the_fingerprint_a_cached_pool_is_checked_against(capsys):
+    """`python -m quantize.train --print-pool-key` (scripts/gpu_curriculum.sh names its pool folders with it):
+    the fingerprint build_pool checks, the same for another --seed or --lr, another for other data flags; it
+    needs the tokenizer."""
+    from tokenizers import Tokenizer
+
+    from quantize.train.__main__ import main
+    from quantize.train.config import TrainConfig
+    from quantize.train.loop import RunOptions, pool_spec
+
+    def key(*flags):
+        assert main(["unused", "--init", str(ROOT / "demo_model"), "--print-pool-key", *flags]) == 0
+        return capsys.readouterr().out.strip()
+
+    base = key("--data-seed", "9", "--pool-pages", "2", "--pages", "/data/a")
+    tok = Tokenizer.from_file(str(ROOT / "demo_model/tokenizer.json")).to_str()
+    want = pool_spec(TrainConfig(data_seed=9, pool_pages=2), RunOptions(page_dirs=("/data/a",))).fingerprint(tok)
+    assert base == want
+    assert key("--data-seed", "9", "--pool-pages", "2", "--pages", "/data/a", "--seed", "3", "--lr", "1e-4") == base
+    assert key("--data-seed", "10", "--pool-pages", "2", "--pages", "/data/a") != base
+    with pytest.raises(SystemExit, match="needs --init"):
+        main(["unused", "--print-pool-key"])

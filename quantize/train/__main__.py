@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--tiny", action="store_true", help="very small model sizes (tests, CPU measurements)")
+    ap.add_argument("--print-pool-key", action="store_true",
+                    help="print the page pool's fingerprint for these flags (what a cached pool is checked against; "
+                         "its tokenizer from --init or --tokenizer) and exit")
     return ap
 
 
@@ -98,7 +101,16 @@ def main(argv=None) -> int:
         cfg = replace(cfg, eval_images=min(cfg.eval_images, args.eval_images))
     if args.max_target_tokens:                   # over TrainConfig's and --tiny's own cut
         cfg = replace(cfg, max_target_tokens=args.max_target_tokens)
-    from quantize.train.loop import RunOptions, train
+    from quantize.train.loop import RunOptions, pool_spec, train
+    if args.print_pool_key:
+        src = args.tokenizer or (args.init / "tokenizer.json" if args.init else None)
+        if src is None:
+            raise SystemExit("--print-pool-key needs --init CHECKPOINT or --tokenizer FILE (the key covers the "
+                             "tokenizer the targets are written with)")
+        from tokenizers import Tokenizer
+        spec = pool_spec(cfg, RunOptions(page_dirs=tuple(str(p) for p in args.pages)))
+        print(spec.fingerprint(Tokenizer.from_file(str(src)).to_str()))
+        return 0
     train(args.out, cfg, RunOptions(
         device=args.device, resume=args.resume, init=args.init, tokenizer=args.tokenizer,
         gpu_seconds=args.gpu_seconds, budget_s=args.budget_s, page_dirs=tuple(str(p) for p in args.pages),

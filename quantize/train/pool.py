@@ -124,11 +124,12 @@ def build_pool(spec: PoolSpec, tok, eos: int, cache: Path, device, workers: int 
         raise ValueError("the page pool is empty: give generated pages (--pool-pages) or --pages DIR")
     n, limit = len(jobs), spec.max_target_tokens
     cache.mkdir(parents=True, exist_ok=True)
+    meta_path.unlink(missing_ok=True)           # written last: a render cut short leaves no pool that loads
     canv = np.lib.format.open_memmap(canvas_path, mode="w+", dtype=np.uint8, shape=(n, CANVAS, CANVAS, 3))
     chars = np.zeros((n, spec.glyph_chars, 3), np.int16)
     shifts = np.zeros((n, 1 + spec.shifts, 2), np.int32)
     texts: list[str] = []
-    rng = np.random.default_rng([spec.seed, 23])
+    rng = np.random.default_rng([spec.seed, 23, 1])     # the generator's page k draws from [seed, k]
     workers = workers or os.cpu_count() or 1
     t = time.perf_counter()
     ctx = mp.get_context("fork")
