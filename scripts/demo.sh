@@ -29,7 +29,7 @@ PY=.venv/bin/python
 for a in build/demo-fp32 build/demo-int8; do
     [ -f "$a/manifest.json" ] || continue
     if ! $PY -c 'import json, sys; from pathlib import Path; from quantize.checkpoint import checkpoint_hash
-sys.exit(json.loads(Path(sys.argv[1], "manifest.json").read_text())["source"]["sha256"] != checkpoint_hash(Path("demo_model")))' "$a"; then
+sys.exit(json.loads(Path(sys.argv[1], "manifest.json").read_text())["source"]["sha256"] != checkpoint_hash(Path("demo_model")))' "$a" 2>>"$LOG"; then
         echo "$a was built from other demo_model/ weights: building it again"
         rm -rf "$a"
     fi

@@ -40,9 +40,10 @@ fi
 # index (PyPI's Linux torch is the CUDA build, several GB)
 if .venv/bin/pip install -q --dry-run --no-deps --no-index torch==2.13.0 >/dev/null 2>&1; then
     .venv/bin/pip install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
-else
-    .venv/bin/pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu 2>&1 \
-        | grep -v "^WARNING: Location" || true
+elif ! .venv/bin/pip install -q --timeout 30 --retries 1 torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu; then
+    echo "setup.sh: torch 2.13.0 (CPU build) is neither in pip's find-links nor reachable on PyTorch's CPU index" \
+         "(https://download.pytorch.org/whl/cpu): put its wheel where pip finds it, or install it first" >&2
+    exit 1
 fi
 if [ -n "$demo" ]; then
     .venv/bin/pip install -q -e '.[cpu,export,int8,check]' 2>&1 | grep -v "^WARNING: Location" || true
