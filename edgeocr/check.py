@@ -249,27 +249,29 @@ class Gates:
     min_agreement: float | None = None         # share of pages with identical tokens
 
 
-def gates_passed(s: dict, g: Gates) -> list[str]:
-    """What each gate given measured, for the line that says they passed."""
-    said = []
-    if g.max_cer_increase is not None and s.get("cer_increase") is not None:
-        said.append(f"CER increase {s['cer_increase'] * 100:.2f} points <= {g.max_cer_increase * 100:.2f}")
-    if g.min_agreement is not None:
-        said.append(f"exact agreement {(s['exact_agreement'] or 0.0) * 100:.1f}% >= {g.min_agreement * 100:.1f}%")
-    return said
-
-
-def check_gates(s: dict, g: Gates) -> list[str]:
-    failed = []
+def judge_gates(s: dict, g: Gates) -> tuple[list[str], list[str]]:
+    """Each gate given, judged once on the summary: (what failed, what held), each as the figure it measured."""
+    failed, held = [], []
     if g.max_cer_increase is not None:
         inc = s.get("cer_increase")
         if inc is None:
             failed.append("--max-cer-increase needs labelled data (no CER computed)")
         elif inc > g.max_cer_increase:
             failed.append(f"CER increase {inc * 100:.2f} points > {g.max_cer_increase * 100:.2f}")
-    if g.min_agreement is not None and (s["exact_agreement"] or 0.0) < g.min_agreement:
-        failed.append(f"exact agreement {s['exact_agreement'] * 100:.1f}% < {g.min_agreement * 100:.1f}%")
-    return failed
+        else:
+            held.append(f"CER increase {inc * 100:.2f} points <= {g.max_cer_increase * 100:.2f}")
+    if g.min_agreement is not None:
+        agree = s["exact_agreement"] or 0.0
+        if agree < g.min_agreement:
+            failed.append(f"exact agreement {agree * 100:.1f}% < {g.min_agreement * 100:.1f}%")
+        else:
+            held.append(f"exact agreement {agree * 100:.1f}% >= {g.min_agreement * 100:.1f}%")
+    return failed, held
+
+
+def check_gates(s: dict, g: Gates) -> list[str]:
+    """The gates that failed (judge_gates)."""
+    return judge_gates(s, g)[0]
 
 
 def _file_sha256(path: Path) -> str | None:
@@ -327,9 +329,9 @@ def run_check(reference: str, candidate: str, data: str, out: Path, task: str = 
     summary = summarize(pages)
     summary["resumed_pages"] = resumed
     summary["other_settings_rows"] = other
-    failed = check_gates(summary, gates)
+    failed, held = judge_gates(summary, gates)
     summary["gates_failed"] = failed
-    summary["gates_passed"] = [] if failed else gates_passed(summary, gates)
+    summary["gates_passed"] = [] if failed else held
     write_reports(out, meta, pages, summary)
     code = EXIT_GATE if failed else EXIT_ERROR if summary["errors"] else EXIT_OK
     return code, dict(summary, meta=meta)

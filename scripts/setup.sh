@@ -18,6 +18,9 @@ ort_oldest() {
     .venv-ort-oldest/bin/pip install -q "onnxruntime==$floor.*" -e . 2>&1 | grep -v "^WARNING: Location" || true
     .venv-ort-oldest/bin/python -c "import onnxruntime, edgeocr; print('.venv-ort-oldest: onnxruntime', onnxruntime.__version__)"
 }
+versions() {   # import what .venv must have (and the module $1 besides) and print the versions that count
+    .venv/bin/python -c "import torch, transformers, onnxruntime, edgeocr${1:+, $1}; print('edgeocr', edgeocr.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| onnxruntime', onnxruntime.__version__)"
+}
 if [ "${1:-}" = --ort-oldest ]; then ort_oldest; exit; fi
 demo=; [ "${1:-}" = --demo ] && demo=1
 if [ -n "${1:-}" ] && [ -z "$demo" ]; then echo "setup.sh: unknown option '$1' (--demo, --ort-oldest)" >&2; exit 2; fi
@@ -47,7 +50,7 @@ elif ! .venv/bin/pip install -q --timeout 30 --retries 1 torch==2.13.0 --index-u
 fi
 if [ -n "$demo" ]; then
     .venv/bin/pip install -q -e '.[cpu,export,int8,check]' 2>&1 | grep -v "^WARNING: Location" || true
-    .venv/bin/python -c "import torch, transformers, onnxruntime, nncf, edgeocr; print('edgeocr', edgeocr.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| onnxruntime', onnxruntime.__version__)"
+    versions nncf
     exit
 fi
 .venv/bin/pip install -q -e '.[cpu,export,data,dev,peer,ray]' 2>&1 | grep -v "^WARNING: Location" || true
@@ -57,5 +60,5 @@ if .venv/bin/pip show -q opencv-python >/dev/null 2>&1; then
     v=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('opencv-python-headless'))")
     .venv/bin/pip install -q --force-reinstall --no-deps "opencv-python-headless==$v" 2>&1 | grep -v "^WARNING: Location" || true
 fi
-.venv/bin/python -c "import torch, transformers, onnxruntime, edgeocr; print('edgeocr', edgeocr.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| onnxruntime', onnxruntime.__version__)"
+versions
 ort_oldest
