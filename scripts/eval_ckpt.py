@@ -2,7 +2,9 @@
 greedy with the checkpoint's repetition penalty, page by page, through the transformers reference (no export):
 
     python scripts/eval_ckpt.py CKPT [CKPT ...] [--pages 16] [--tokens 800] [--device cuda] [--dtype float32]
-        [--set eval|eval_html] [--batch 8]
+        [--set eval|eval_html | --dir PAGES] [--batch 8]
+
+--dir measures any labelled page folder instead (e.g. pages a checkpoint trained on, beside held-out ones).
 """
 
 from __future__ import annotations
@@ -29,16 +31,17 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--set", default="eval", choices=EVAL_SETS, help="calibration_data subfolder")
+    ap.add_argument("--dir", type=Path, help="a labelled page folder to measure instead of --set")
     ap.add_argument("--batch", type=int, default=1, help="pages per generate call (1: page by page)")
     ap.add_argument("--json", type=Path, help="write the per-page results here")
     args = ap.parse_args()
     report = {}
     for ck in args.checkpoints:
         t0 = time.perf_counter()
-        rows = eval_pages(Path(ck), args.pages, args.tokens, args.device, args.dtype, args.set, args.batch)
+        rows = eval_pages(Path(ck), args.pages, args.tokens, args.device, args.dtype, args.set, args.batch, args.dir)
         cers = [x["cer"] for x in rows]
         report[ck] = {"mean_cer": float(np.mean(cers)), "median_cer": float(np.median(cers)), "pages": rows}
-        print(f"{ck}: mean CER {np.mean(cers):.4f}, median {np.median(cers):.4f} on {len(cers)} {args.set} pages "
+        print(f"{ck}: mean CER {np.mean(cers):.4f}, median {np.median(cers):.4f} on {len(cers)} {args.dir or args.set} pages "
               f"({time.perf_counter() - t0:.0f} s); per page " + " ".join(f"{c:.2f}" for c in cers), flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, ensure_ascii=False, indent=1))

@@ -49,6 +49,8 @@ def test_train_resume_export_run(tmp_path):
     assert rows[0]["cer"] > 0.5                     # three tokens cannot cover a page
     batched = eval_pages(ck, 2, tokens=3, device="cpu", batch=2)        # one generate call for both pages
     assert [r["text"] for r in batched] == [r["text"] for r in eval_pages(ck, 2, tokens=3, device="cpu")]
+    eval_dir = Path(__file__).resolve().parents[1] / "calibration_data" / "eval"    # any labelled folder (--dir)
+    assert eval_pages(ck, 2, tokens=3, device="cpu", batch=2, subset="nope", folder=eval_dir) == batched
     more = tmp_path / "more"                        # --init: continue a checkpoint (its sizes, its tokenizer)
     _train(more, 1, "--init", str(ck), tokenizer=None)
     assert (more / "checkpoint" / "tokenizer.json").read_bytes() == (ck / "tokenizer.json").read_bytes()
@@ -138,6 +140,14 @@ def test_eval_pages_refuses_an_unknown_set_before_loading(tmp_path, subset):
     from quantize.train.evaluate import eval_pages
     with pytest.raises(ValueError, match="evaluation set must be one of"):
         eval_pages(tmp_path / "no-checkpoint", 1, subset=subset)
+
+
+def test_eval_pages_refuses_a_folder_without_labels(tmp_path):
+    """A folder to measure must carry its labels (labels.jsonl or labels.csv); said before any model is loaded."""
+    from quantize.train.evaluate import eval_pages
+    (tmp_path / "pages").mkdir()
+    with pytest.raises(ValueError, match="no labels.jsonl or labels.csv"):
+        eval_pages(tmp_path / "no-checkpoint", 1, folder=tmp_path / "pages")
 
 
 def test_max_target_tokens_reaches_the_run_and_a_too_small_one_is_refused(tmp_path, monkeypatch):
