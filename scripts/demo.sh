@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: export the shipped demo model (demo_model/, a 5.9M-parameter
+# The main job on the embedded default: export the shipped demo model (demo_model/, a 7.8M-parameter
 # HunyuanVL trained on synthetic business documents) to ONNX, build its INT8 artifact from the
 # calibration images, read held-out eval documents with both (each model loaded once) and print what
 # they read beside the ground truth.  Step output goes to build/demo.log; the terminal gets one line per

@@ -41,7 +41,8 @@ def main() -> int:
         rows = eval_pages(Path(ck), args.pages, args.tokens, args.device, args.dtype, args.set, args.batch, args.dir)
         cers = [x["cer"] for x in rows]
         report[ck] = {"mean_cer": float(np.mean(cers)), "median_cer": float(np.median(cers)), "pages": rows}
-        print(f"{ck}: mean CER {np.mean(cers):.4f}, median {np.median(cers):.4f} on {len(cers)} {args.dir or args.set} pages "
+        where = args.dir or args.set
+        print(f"{ck}: mean CER {np.mean(cers):.4f}, median {np.median(cers):.4f} on {len(cers)} {where} pages "
               f"({time.perf_counter() - t0:.0f} s); per page " + " ".join(f"{c:.2f}" for c in cers), flush=True)
     if args.json:
         args.json.write_text(json.dumps(report, ensure_ascii=False, indent=1))

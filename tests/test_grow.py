@@ -39,9 +39,9 @@ def tensors(ckpt) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def grown_demo(tmp_path_factory):
-    """demo_model grown to 6 decoder and 6 vision layers by the command line: (OUT, its stdout)."""
-    out = tmp_path_factory.mktemp("grow") / "demo-6-6"
-    p = quantize_cli("grow", DEMO, out, "--text-layers", 6, "--vision-layers", 6)
+    """demo_model (6 decoder and 6 vision layers) grown to 8 and 8 by the command line: (OUT, its stdout)."""
+    out = tmp_path_factory.mktemp("grow") / "demo-8-8"
+    p = quantize_cli("grow", DEMO, out, "--text-layers", 8, "--vision-layers", 8)
     assert p.returncode == 0, p.stderr
     return out, p.stdout
 
@@ -73,7 +73,7 @@ def test_grown_demo_model_gives_the_same_logits_and_tokens(grown_demo):
     for ckpt in (DEMO, out):
         r = ref.TransformersRunner(str(ckpt), attn="sdpa")
         lm, vt = r.model.model.language_model, r.model.model.vision_tower
-        assert (len(lm.layers), len(vt.layers)) == ((4, 4) if ckpt == DEMO else (6, 6))
+        assert (len(lm.layers), len(vt.layers)) == ((6, 6) if ckpt == DEMO else (8, 8))
         pixels, ids, _ = r.page(EVAL_PAGE)
         with torch.no_grad():
             g = r.model.generate(**ref.inputs(r.model, pixels, ids), max_new_tokens=STEPS, do_sample=False,
@@ -93,7 +93,7 @@ def test_new_layers_copy_their_neighbour_with_zeroed_residual_writers(grown_demo
                "vit.layers": ("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.dense_4h_to_h.weight",
                               "mlp.dense_4h_to_h.bias")}
     for prefix, zeroed in writers.items():
-        for k, i in enumerate([0, None, 1, 2, None, 3]):
+        for k, i in enumerate([0, 1, None, 2, 3, None, 4, 5]):
             names = sorted(n for n in src if n.startswith(f"{prefix}.{0 if i is None else i}."))
             for n in names:
                 suffix = n.split(".", 3)[3]
@@ -101,7 +101,7 @@ def test_new_layers_copy_their_neighbour_with_zeroed_residual_writers(grown_demo
                 assert new.dtype == torch.bfloat16
                 if i is None and suffix in zeroed:
                     assert not new.any(), f"{prefix}.{k}.{suffix}"
-                elif i is None:               # a copy of the SRC layer before it (0 before 1, 2 before 4)
+                elif i is None:               # a copy of the SRC layer before it (1 before 2, 3 before 5)
                     assert torch.equal(new, src[f"{prefix}.{plan_before(k)}.{suffix}"])
                 else:
                     assert torch.equal(new, src[n])
@@ -110,8 +110,8 @@ def test_new_layers_copy_their_neighbour_with_zeroed_residual_writers(grown_demo
 
 
 def plan_before(k: int) -> int:
-    """The SRC layer before OUT layer k in layer_plan(4, 6)."""
-    return [i for i in layer_plan(4, 6)[:k] if i is not None][-1]
+    """The SRC layer before OUT layer k in layer_plan(6, 8)."""
+    return [i for i in layer_plan(6, 8)[:k] if i is not None][-1]
 
 
 def test_grown_demo_keeps_the_format_and_loads(grown_demo):
@@ -123,25 +123,25 @@ def test_grown_demo_keeps_the_format_and_loads(grown_demo):
     a = (DEMO / "config.json").read_text().splitlines()
     b = (out / "config.json").read_text().splitlines()
     changed = [line for line in difflib.unified_diff(a, b, lineterm="", n=0) if line[:1] in "+-"][2:]
-    assert changed == ['-    "num_hidden_layers": 4,', '+    "num_hidden_layers": 6,'] * 2    # text, vision
+    assert changed == ['-    "num_hidden_layers": 6,', '+    "num_hidden_layers": 8,'] * 2    # text, vision
     ca, cb = json.loads((DEMO / "config.json").read_text()), json.loads((out / "config.json").read_text())
-    cb["text_config"]["num_hidden_layers"] = cb["vision_config"]["num_hidden_layers"] = 4
+    cb["text_config"]["num_hidden_layers"] = cb["vision_config"]["num_hidden_layers"] = 6
     assert ca == cb
     with safe_open(str(DEMO / "model.safetensors"), "pt") as h1, safe_open(str(out / "model.safetensors"), "pt") as h2:
         assert h1.metadata() == h2.metadata()
     assert (out / "model.safetensors").stat().st_mode == (DEMO / "model.safetensors").stat().st_mode
 
     spec = read_spec(out)                                       # the project's loader: every name and shape
-    assert (spec.text.num_layers, spec.vision.num_layers) == (6, 6)
+    assert (spec.text.num_layers, spec.vision.num_layers) == (8, 8)
     assert spec.tokens == read_spec(DEMO).tokens
     load_tensors(out, spec)
 
     lines = stdout.splitlines()
     size = (out / "model.safetensors").stat().st_size / 2**20
-    assert any(line.startswith("parameters") and "5,939,392 -> 7,763,648" in line for line in lines), stdout
+    assert any(line.startswith("parameters") and "7,763,648 -> 9,587,904" in line for line in lines), stdout
     assert any(line.startswith("safetensors") and f"-> {size:.2f} MiB" in line for line in lines), stdout
-    assert any("decoder layers" in line and "0 + 1 2 + 3" in line for line in lines), stdout
-    assert any("within the shipped model's 16 MiB" in line for line in lines), stdout
+    assert any("decoder layers" in line and "0 1 + 2 3 + 4 5" in line for line in lines), stdout
+    assert any("OVER the shipped model's 16 MiB" in line for line in lines), stdout      # 18.3 MiB
 
 
 def test_trainer_init_loads_the_grown_model_with_the_same_loss(grown_demo, tmp_path):
@@ -171,8 +171,8 @@ def test_trainer_init_loads_the_grown_model_with_the_same_loss(grown_demo, tmp_p
     res = []
     for ckpt in (DEMO, out):
         model, _ = make_model(TrainConfig(), tmp_path / ckpt.name, init=ckpt)
-        assert len(model.model.language_model.layers) == (4 if ckpt == DEMO else 6)
-        assert len(model.model.vision_tower.layers) == (4 if ckpt == DEMO else 6)
+        assert len(model.model.language_model.layers) == (6 if ckpt == DEMO else 8)
+        assert len(model.model.vision_tower.layers) == (6 if ckpt == DEMO else 8)
         with torch.no_grad():
             res.append(BatchedHunYuanVL(model.eval(), image_start=p.index(ids["image_token_id"]), canvas=canvas)(
                 input_ids, labels, pixels, first=len(p) - 1))
@@ -249,25 +249,25 @@ def test_grown_tiny_checkpoint_exports(ckpt_a, tmp_path):
 
 
 def test_refusals(tmp_path):
-    p = quantize_cli("grow", DEMO, tmp_path / "out", "--text-layers", 3, "--vision-layers", 6)
+    p = quantize_cli("grow", DEMO, tmp_path / "out", "--text-layers", 3, "--vision-layers", 8)
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert "--text-layers 3" in p.stderr and "SRC's 4 decoder layers" in p.stderr
+    assert "--text-layers 3" in p.stderr and "SRC's 6 decoder layers" in p.stderr
     assert not (tmp_path / "out").exists()
 
     from quantize.cli import main
-    for argv, words in (([], ("--text-layers 4", "--vision-layers 4", "equal")),
-                        (["--text-layers", "4"], ("--text-layers 4", "--vision-layers 4", "equal")),
-                        (["--vision-layers", "2"], ("--vision-layers 2", "SRC's 4 vision-encoder layers"))):
+    for argv, words in (([], ("--text-layers 6", "--vision-layers 6", "equal")),
+                        (["--text-layers", "6"], ("--text-layers 6", "--vision-layers 6", "equal")),
+                        (["--vision-layers", "2"], ("--vision-layers 2", "SRC's 6 vision-encoder layers"))):
         with pytest.raises(ValueError) as e:
             grow(DEMO, tmp_path / "out", GrowOptions(**{k.lstrip("-").replace("-", "_"): int(v)
                                                        for k, v in zip(argv[::2], argv[1::2])}))
         assert all(w in str(e.value) for w in words), str(e.value)
         assert main(["grow", str(DEMO), str(tmp_path / "out"), *argv]) == 2
-    assert main(["grow", str(DEMO), str(tmp_path / "out"), "--text-layers", "5", "--seed", "1"]) == 2   # copy: no draws
+    assert main(["grow", str(DEMO), str(tmp_path / "out"), "--text-layers", "7", "--seed", "1"]) == 2   # copy: no draws
     assert not (tmp_path / "out").exists()
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("x")
     with pytest.raises(ValueError, match="not an empty folder"):
-        grow(DEMO, tmp_path / "full", GrowOptions(text_layers=5))
+        grow(DEMO, tmp_path / "full", GrowOptions(text_layers=7))
     with pytest.raises(ValueError, match="not an empty folder"):
-        grow(DEMO, DEMO, GrowOptions(text_layers=5))
+        grow(DEMO, DEMO, GrowOptions(text_layers=7))
