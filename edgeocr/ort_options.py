@@ -21,6 +21,8 @@ import os
 CPU_SPIN_ENV = "EDGEOCR_CPU_SPIN"    # "1": let ONNX Runtime's CPU worker threads spin between kernels
 STREAM_PRIORITIES_ENV = "EDGEOCR_STREAM_PRIORITIES"   # "1": decoder on a high-priority CUDA stream, vision low
 VISION_ARENA_ENV = "EDGEOCR_VISION_ARENA"            # "shrink" (default) | "keep": the vision arena after each call
+CUDA_ARENA_ENV = "EDGEOCR_CUDA_ARENA"                # "separate" (default) | "shared": the sessions' CUDA arenas
+MEM_PATTERN_ENV = "EDGEOCR_MEM_PATTERN"              # "1" (default) | "0": ONNX Runtime's memory patterns
 
 
 def cpu_session_config() -> dict:
@@ -92,3 +94,25 @@ def priority_stream_options(cuda) -> tuple[dict, dict]:
     lowest, highest = cuda.stream_priority_range()
     vision, decoder = cuda.stream_create_with_priority(lowest), cuda.stream_create_with_priority(highest)
     return {"user_compute_stream": str(vision)}, {"user_compute_stream": str(decoder)}
+
+
+def _choice(env: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = os.environ.get(env, default).strip().lower() or default
+    if value not in allowed:
+        raise ValueError(f"{env} must be one of {', '.join(repr(a) for a in allowed)}, not {value!r}")
+    return value
+
+
+def shared_arena_wanted() -> bool:
+    """Whether the vision and decoder sessions draw from one CUDA arena (EDGEOCR_CUDA_ARENA: "separate", the
+    default, or "shared"): what the vision graph's activations freed then serves the prefill's, so the pair
+    holds the larger of the two peaks instead of both.  Only where the decoder does not replay an ONNX Runtime
+    CUDA graph (a captured step keeps addresses in the arena; edgeocr's native step has buffers of its own)."""
+    return _choice(CUDA_ARENA_ENV, "separate", ("separate", "shared")) == "shared"
+
+
+def mem_pattern_wanted() -> bool:
+    """Whether ONNX Runtime plans each run's activations as one block after the first run of a shape
+    (EDGEOCR_MEM_PATTERN: "1", the default, or "0").  Off, each activation is its own chunk of the arena, which
+    the next run reuses chunk by chunk instead of asking for one more block the size of the whole plan."""
+    return _choice(MEM_PATTERN_ENV, "1", ("1", "0")) == "1"

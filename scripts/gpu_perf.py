@@ -162,6 +162,26 @@ def _used_mib(cuda) -> float:
     return (total - free) / 2**20
 
 
+def _smi_mib() -> dict | None:
+    """nvidia-smi's view: the whole device's used memory and this process's own (its CUDA context and
+    allocations, what other processes and the driver's reservations are not), in MiB; None without nvidia-smi."""
+    import os
+    import subprocess
+
+    def query(*args) -> list[list[str]]:
+        out = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=20).stdout
+        return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+
+    try:
+        device = query("--query-gpu=memory.used")
+        apps = query("--query-compute-apps=pid,used_memory")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    own = [float(m) for pid, m in apps if pid == str(os.getpid()) and m.replace(".", "").isdigit()]
+    return {"device_used": float(device[0][0]) if device else None, "process": own[0] if own else 0.0}
+
+
 def tuned_arena(manifest, config: str, device: str) -> tuple[bool, bool, str]:
     """(share one arena between the sessions, shrink the arena after each vision call, why) for `config`.
 
@@ -188,10 +208,20 @@ def cmd_memory(a) -> int:
     from edgeocr.artifact import read as read_manifest
 
     cuda = None
+    smi = {}                    # stage -> nvidia-smi's device and per-process figures (CUDA only)
     if a.device == "cuda":
+        smi["before this process touched CUDA"] = _smi_mib()
         from edgeocr.backends import cudart
         cuda = cudart.load()
     stages = [("process + CUDA context", _used_mib(cuda))]
+
+    def mark(stage: str) -> None:
+        stages.append((stage, _used_mib(cuda)))
+        if cuda is not None:
+            smi[stage] = _smi_mib()
+
+    if cuda is not None:
+        smi[stages[0][0]] = _smi_mib()
     notes = {}
     m = read_manifest(Path(a.artifact))
     original = ort.InferenceSession.__init__
@@ -216,7 +246,7 @@ def cmd_memory(a) -> int:
                 notes["shared_arena"] = f"unavailable: {type(e).__name__}: {str(e)[:200]}"
         original(self, path, sess_options, providers, **kw)
         self._edgeocr_graph = name
-        stages.append((f"{name} session", _used_mib(cuda)))
+        mark(f"{name} session")
 
     def run_with_iobinding(self, binding, run_options=None):
         if shrink is not None and run_options is None and getattr(self, "_edgeocr_graph", "") == "vision":
@@ -228,22 +258,24 @@ def cmd_memory(a) -> int:
     from edgeocr.model import OCRModel
     t = time.perf_counter()
     model = OCRModel(a.artifact, device=a.device)
-    stages.append(("KV cache + step buffers (model ready)", _used_mib(cuda)))
+    mark("KV cache + step buffers (model ready)")
     o = DecodeOptions(max_new_tokens=a.tokens, ignore_stop=True, tail_repetition_stop=False)
     runs = []
     for k in range(a.pages):
         r = model.recognize(a.image[k % len(a.image)], task="spotting", options=o)
         runs.append({k2: round(v, 3) for k2, v in r.timings_ms.items()})
-        stages.append((f"after page {k + 1} ({a.tokens} tokens)", _used_mib(cuda)))
+        mark(f"after page {k + 1} ({a.tokens} tokens)")
     files = m.files
     weights = {g: sum(v["bytes"] for f, v in files.items() if f.startswith(getattr(m, g).file)) / 2**20
                for g in ("vision", "decoder")}
     kv = model.session.memory_bytes()["kv_cache"] / 2**20
+    notes["runtime_arena"] = getattr(model.session, "arena", "?")
     deltas = [(n, round(u, 1), round(u - (stages[i - 1][1] if i else 0), 1)) for i, (n, u) in enumerate(stages)]
     _write(a.json, {"artifact": a.artifact, "precision": m.precision, "config": a.config, "device": a.device,
                     "fusion": m.export.get("fusion", {}).get("target"), "stages_mib": deltas,
                     "weight_files_mib": weights, "kv_cache_mib": kv, "peak_mib": max(u for _, u in stages),
                     "timings_ms": runs, "seconds": round(time.perf_counter() - t, 1), "notes": notes,
+                    "nvidia_smi_mib": smi,
                     "provider_options": ort_options.cuda_provider_options(m.precision)
                     if a.config not in ("runtime", "initializers") else "runtime"})
     return 0

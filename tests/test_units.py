@@ -217,6 +217,24 @@ def test_vision_arena_setting(monkeypatch):
         vision_shrink_wanted()
 
 
+def test_cuda_arena_and_memory_pattern_settings(monkeypatch):
+    """EDGEOCR_CUDA_ARENA (separate | shared) and EDGEOCR_MEM_PATTERN (1 | 0): defaults, case and spaces, and a
+    bad value named with what is allowed."""
+    from edgeocr.ort_options import mem_pattern_wanted, shared_arena_wanted
+    for env in ("EDGEOCR_CUDA_ARENA", "EDGEOCR_MEM_PATTERN"):
+        monkeypatch.delenv(env, raising=False)
+    assert not shared_arena_wanted() and mem_pattern_wanted()
+    monkeypatch.setenv("EDGEOCR_CUDA_ARENA", " Shared ")
+    monkeypatch.setenv("EDGEOCR_MEM_PATTERN", "0")
+    assert shared_arena_wanted() and not mem_pattern_wanted()
+    monkeypatch.setenv("EDGEOCR_CUDA_ARENA", "one")
+    with pytest.raises(ValueError, match="EDGEOCR_CUDA_ARENA must be one of 'separate', 'shared', not 'one'"):
+        shared_arena_wanted()
+    monkeypatch.setenv("EDGEOCR_MEM_PATTERN", "off")
+    with pytest.raises(ValueError, match="EDGEOCR_MEM_PATTERN must be one of '1', '0', not 'off'"):
+        mem_pattern_wanted()
+
+
 def test_is_blank_at_the_ink_threshold():
     """preprocess.is_blank: a page is blank while fewer than BLANK_MAX_INK of its pixels are ink; an RGB page (the
     one-pass histogram) and the same page with a fourth channel (per-channel bincount) give the same answer."""

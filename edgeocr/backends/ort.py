@@ -116,13 +116,25 @@ class OrtSession:
         self.prefill_decoder = None
         self._pf_bindings = {}              # (id(decoder session), slot) -> the prefill binding (_prefill_binding)
         self._ro_vision = None              # CUDA: the vision arena's free chunks go back after each call
+        self.arena = "cpu" if device == "cpu" else "separate"
         if device == "cuda":
-            from edgeocr.ort_options import vision_run_options, vision_shrink_wanted
+            from edgeocr.ort_options import (mem_pattern_wanted, share_arena, shared_arena_wanted, vision_run_options,
+                                             vision_shrink_wanted)
             try:
-                shrink = vision_shrink_wanted()
+                shrink, shared, pattern = vision_shrink_wanted(), shared_arena_wanted(), mem_pattern_wanted()
             except ValueError as e:
                 raise BackendError(str(e)) from None
             self._ro_vision = vision_run_options(ort) if shrink else None
+            if shared:
+                if self.cuda_graph or self.stream_priorities:
+                    raise BackendError("EDGEOCR_CUDA_ARENA=shared needs a decoder that replays no ONNX Runtime CUDA "
+                                       "graph and no stream priorities (a captured step keeps addresses in the "
+                                       "arena): use the native step, or cuda_graph=False")
+                share_arena(ort, so)
+                self.arena = "shared"
+            so.enable_mem_pattern = pattern
+            self.arena += (f", {'shrunk' if shrink else 'kept'} after vision, "
+                           f"memory patterns {'on' if pattern else 'off'}")
         try:
             self.vision = ort.InferenceSession(str(path / art.vision.file), so, providers=providers)
             self.decoder = ort.InferenceSession(str(path / art.decoder.file), so, providers=dec_providers)
