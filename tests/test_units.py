@@ -189,6 +189,51 @@ def test_priority_streams_put_vision_low_and_decoder_high(monkeypatch):
     assert ort_options.stream_priorities_wanted(False) is False
 
 
+def test_small_device_buffers_share_allocations():
+    """CudaMemory carves buffers of at most SMALL bytes from shared SLAB-byte cudaMallocs (256-byte aligned, never
+    overlapping, a new slab when one is full) and gives a larger buffer a cudaMalloc of its own; zeroing covers
+    exactly the buffer."""
+    from edgeocr.backends.memory import CudaMemory
+
+    class FakeCuda:
+        def __init__(self):
+            self.mallocs, self.memsets, self.freed, self.next = [], [], [], 1 << 32
+
+        def malloc(self, nbytes):
+            self.mallocs.append(nbytes)
+            ptr, self.next = self.next, self.next + nbytes + (1 << 20)
+            return ptr
+
+        def memset(self, ptr, nbytes):
+            self.memsets.append((ptr, nbytes))
+
+        def free(self, ptr):
+            self.freed.append(ptr)
+
+    cuda = FakeCuda()
+    mem = CudaMemory(None, cuda)
+    small = [mem.alloc(shape, dt) for shape, dt in (((3,), np.int64), ((1, 2048), np.float32), ((7,), np.uint8),
+                                                    ((1, 120818), np.float32))]
+    assert cuda.mallocs == [mem.SLAB]                                   # four buffers, one allocation
+    spans = sorted((b.ptr, b.ptr + b.nbytes) for b in small)
+    assert all(b.ptr % mem.ALIGN == 0 for b in small)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))          # no overlap
+    assert cuda.memsets == [(b.ptr, b.nbytes) for b in small]
+    big = mem.alloc((mem.SMALL // 4 + 1,), np.float32, zero=False)       # over SMALL: its own cudaMalloc
+    assert cuda.mallocs == [mem.SLAB, big.nbytes] and big.keep is not small[0].keep
+    more = [mem.alloc((mem.SMALL // 4,), np.float32, zero=False) for _ in range(5)]    # 1 MiB each
+    # the first slab holds 0.47 MiB of the small buffers and three of these; the other two take a second one
+    assert cuda.mallocs == [mem.SLAB, big.nbytes, mem.SLAB]
+    assert all(b.keep is small[0].keep for b in more[:3]) and more[3].keep is more[4].keep is not small[0].keep
+    first = small[0].keep.ptr
+    del small
+    assert first not in cuda.freed                                      # three of `more` still live in it
+    del more, big, mem
+    import gc
+    gc.collect()
+    assert first in cuda.freed and len(cuda.freed) == 3                 # the last buffer gone, every slab freed
+
+
 def test_memory_views_of_one_allocation():
     """The native step's weights are views of one allocation (edgeocr.backends.memory): a view shares the bytes,
     and one that would leave the allocation or split an element is refused."""
