@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine (CUDA torch, transformers and onnxruntime-gpu importable; SITE=/tmp/site is put first on
 # PYTHONPATH if it exists): device memory and first token of the native-step artifacts under the CUDA arena
-# settings of edgeocr.ort_options, in one call of ~5 min.
+# settings of edgeocr.ort_options, in about 3 minutes on an H100.
 #   1. the real-size architecture on random weights, FP16 export (gqa, selection in the graph, 4,096-token cache),
 #      fused for CUDA, and its native-step forms with FP16 weights and with 8-bit weights and embedding
 #   2. scripts/gpu_perf.py memory after 4 pages of 256 tokens (eval pages 0-3; each page's vision and prefill
@@ -21,13 +21,16 @@ F=$W/slots1-fused
 [ -f "$F-native-int8/manifest.json" ] || run native8 90 $PY -m quantize native-step "$F" "$F-native-int8" \
   --weights int8
 PAGES=("$ROOT"/calibration_data/eval/00000[0-3].jpg)
+[ "${#PAGES[@]}" = 4 ] && [ -f "${PAGES[3]}" ] || { say "eval pages 000000-000003.jpg not found"; exit 1; }
 
 # setting name -> "CUDA_ARENA VISION_ARENA MEM_PATTERN"
 declare -A SET=([sep_shrink]="separate shrink 1" [sep_shrink_nopat]="separate shrink 0"
                 [sep_keep]="separate keep 1" [sep_keep_nopat]="separate keep 0"
                 [shr_shrink]="shared shrink 1" [shr_shrink_nopat]="shared shrink 0"
                 [shr_keep]="shared keep 1" [shr_keep_nopat]="shared keep 0")
-envs() { read -r a v p <<<"${SET[$1]}"; echo "EDGEOCR_CUDA_ARENA=$a EDGEOCR_VISION_ARENA=$v EDGEOCR_MEM_PATTERN=$p"; }
+envs() { local a v p; [[ -v SET[$1] ]] || { echo "no setting '$1'" >&2; exit 1; }
+  read -r a v p <<<"${SET[$1]}"; echo "EDGEOCR_CUDA_ARENA=$a EDGEOCR_VISION_ARENA=$v EDGEOCR_MEM_PATTERN=$p"; }
+for s in "${!SET[@]}"; do envs "$s" > /dev/null || exit 1; done
 
 memory() { local form=$1 art=$2 set=$3
   # shellcheck disable=SC2046

@@ -162,24 +162,27 @@ def _used_mib(cuda) -> float:
     return (total - free) / 2**20
 
 
-def _smi_mib() -> dict | None:
+def _smi_mib(device_id: int = 0) -> dict | None:
     """nvidia-smi's view: the whole device's used memory and this process's own (its CUDA context and
-    allocations, what other processes and the driver's reservations are not), in MiB; None without nvidia-smi."""
+    allocations, what other processes and the driver's reservations are not), in MiB; None where nvidia-smi is
+    missing or answers with anything but numbers (a process it does not list: "process" None)."""
     import os
     import subprocess
 
     def query(*args) -> list[list[str]]:
-        out = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                             timeout=20).stdout
-        return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+        out = subprocess.run(["nvidia-smi", "-i", str(device_id), *args, "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode != 0:
+            raise ValueError(out.stderr.strip() or out.stdout.strip())
+        return [[c.strip() for c in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
 
     try:
-        device = query("--query-gpu=memory.used")
-        apps = query("--query-compute-apps=pid,used_memory")
-    except (OSError, subprocess.SubprocessError):
+        used = float(query("--query-gpu=memory.used")[0][0])
+        own = [float(row[1]) for row in query("--query-compute-apps=pid,used_memory")
+               if len(row) == 2 and row[0] == str(os.getpid())]
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
-    own = [float(m) for pid, m in apps if pid == str(os.getpid()) and m.replace(".", "").isdigit()]
-    return {"device_used": float(device[0][0]) if device else None, "process": own[0] if own else 0.0}
+    return {"device_used": used, "process": own[0] if own else None}
 
 
 def tuned_arena(manifest, config: str, device: str) -> tuple[bool, bool, str]:

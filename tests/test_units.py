@@ -222,16 +222,20 @@ def test_small_device_buffers_share_allocations():
     big = mem.alloc((mem.SMALL // 4 + 1,), np.float32, zero=False)       # over SMALL: its own cudaMalloc
     assert cuda.mallocs == [mem.SLAB, big.nbytes] and big.keep is not small[0].keep
     more = [mem.alloc((mem.SMALL // 4,), np.float32, zero=False) for _ in range(5)]    # 1 MiB each
-    # the first slab holds 0.47 MiB of the small buffers and three of these; the other two take a second one
-    assert cuda.mallocs == [mem.SLAB, big.nbytes, mem.SLAB]
-    assert all(b.keep is small[0].keep for b in more[:3]) and more[3].keep is more[4].keep is not small[0].keep
+    # the first 2 MiB slab holds 0.47 MiB of the small buffers and one of these; the other four take two more
+    assert cuda.mallocs == [mem.SLAB, big.nbytes, mem.SLAB, mem.SLAB]
+    assert more[0].keep is small[0].keep and more[1].keep is more[2].keep and more[3].keep is more[4].keep
+    assert len({id(b.keep) for b in more}) == 3
     first = small[0].keep.ptr
     del small
     assert first not in cuda.freed                                      # three of `more` still live in it
     del more, big, mem
     import gc
     gc.collect()
-    assert first in cuda.freed and len(cuda.freed) == 3                 # the last buffer gone, every slab freed
+    assert first in cuda.freed and len(cuda.freed) == 4                 # the last buffer gone, every slab freed
+    own = CudaMemory(None, cuda, small=0)                              # a holder that replaces its buffers
+    tiny = [own.alloc((3,), np.float32) for _ in range(2)]
+    assert cuda.mallocs[-2:] == [12, 12] and tiny[0].keep is not tiny[1].keep
 
 
 def test_memory_views_of_one_allocation():

@@ -128,9 +128,14 @@ class OrtSession:
             if shared:
                 if self.cuda_graph or self.stream_priorities:
                     raise BackendError("EDGEOCR_CUDA_ARENA=shared needs a decoder that replays no ONNX Runtime CUDA "
-                                       "graph and no stream priorities (a captured step keeps addresses in the "
-                                       "arena): use the native step, or cuda_graph=False")
-                share_arena(ort, so)
+                                       "graph (a captured step keeps addresses in the arena: use a native-step "
+                                       "artifact, or --cuda-graph off / cuda_graph=False) and no stream "
+                                       "priorities (unset EDGEOCR_STREAM_PRIORITIES)")
+                try:
+                    share_arena(ort, so)
+                except Exception as e:  # noqa: BLE001  (onnxruntime raises its own types)
+                    raise BackendError(f"EDGEOCR_CUDA_ARENA=shared: this ONNX Runtime cannot share a CUDA arena "
+                                       f"({e}); unset it") from None
                 self.arena = "shared"
             so.enable_mem_pattern = pattern
             self.arena += (f", {'shrunk' if shrink else 'kept'} after vision, "
