@@ -16,6 +16,7 @@
     python -m quantize grow CHECKPOINT OUT [--text-layers N] [--vision-layers M] [--init copy|fresh] [--seed S]
                                    (a deeper checkpoint computing the same function: new layers
                                     with zeroed residual writers, spread between the old ones)
+    python -m quantize average A B OUT [--weight W]   (the weighted mean of two checkpoints of one architecture)
     python -m quantize train ...       (the demo model's trainer: python -m quantize train --help)
     python -m quantize docgen ...      (the synthetic business-document generator)
     python -m quantize htmldocs OUT --count N --seed S [--workers W]   (HTML/CSS documents via headless Chromium)
@@ -202,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="a new layer's other tensors: copy = the SRC layer before it (default); fresh = "
                          "projections N(0, initializer_range), norms 1, biases 0, drawn from --seed")
     gr.add_argument("--seed", type=int, default=None, help="the fresh init's draws (--init fresh; default 0)")
+    av = sub.add_parser("average", help="two checkpoints of one architecture -> their weighted mean "
+                        "(1 - W) * A + W * B, in A's dtypes and layout (the trainer's glyph head too)")
+    av.add_argument("a", type=Path, help="checkpoint A (its config, tokenizer and dtypes are OUT's)")
+    av.add_argument("b", type=Path, help="checkpoint B: the same config and tensors")
+    av.add_argument("out", type=Path, help="new or empty checkpoint directory to write")
+    av.add_argument("--weight", type=float, default=0.5, help="B's share, 0..1 (default 0.5)")
     sub.add_parser("train", help="train the demo model (options: python -m quantize train --help)", add_help=False)
     sub.add_parser("docgen", help="generate synthetic business documents (python -m quantize docgen --help)",
                    add_help=False)
@@ -266,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
                                               vision=args.vision, embedding=args.embedding), args.out)
         elif args.cmd == "grow":
             _grow(args)
+        elif args.cmd == "average":
+            from quantize.average import average
+            r = average(args.a, args.b, args.out, args.weight, progress=_progress)
+            print(f"{args.out}: {r.tensors} tensors, {r.parameters:,} parameters, {1 - args.weight:g} x {args.a} + "
+                  f"{args.weight:g} x {args.b}{' (glyph head averaged too)' if r.glyph_head else ''}")
         elif args.cmd == "tiny":
             from quantize.tiny import TINY_A, TINY_B, make_tiny_checkpoint
             tc = {"tiny-a": TINY_A, "tiny-b": TINY_B}[args.config]
