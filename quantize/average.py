@@ -14,15 +14,16 @@ import json
 import logging
 import shutil
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgeocr.errors import CheckpointError
 from quantize.checkpoint import weight_files
+from quantize.grow import GLYPH_HEAD
 
 log = logging.getLogger("edgeocr.quantize")
 
-GLYPH_HEAD = "glyph_head.pt"
 _DTYPE_KEYS = {"dtype", "torch_dtype"}      # where transformers records the dtype it saved in: may differ
 
 
@@ -88,29 +89,35 @@ def average(a: Path, b: Path, out: Path, weight: float = 0.5,
         raise CheckpointError(f"{a} and {b} hold different tensors ({len(only)} in one only, e.g. {only[0]})")
     out.mkdir(parents=True, exist_ok=True)
     w = float(weight)
+
+    def mix(ta, tb):
+        return ((1 - w) * ta.float() + w * tb.float()).to(ta.dtype)
+
     n_params = 0
-    for fa in weight_files(a):
-        mixed, meta = {}, None
-        with safe_open(fa, "pt") as ha:
-            meta = ha.metadata()
-            for name in ha.keys():
-                ta = ha.get_tensor(name)
-                with safe_open(files_b[name], "pt") as hb:
-                    tb = hb.get_tensor(name)
-                if ta.shape != tb.shape or ta.dtype != tb.dtype:
-                    raise CheckpointError(f"{name}: {tuple(ta.shape)} {ta.dtype} in A, {tuple(tb.shape)} {tb.dtype} "
-                                          "in B")
-                if ta.is_floating_point():
-                    mixed[name] = ((1 - w) * ta.float() + w * tb.float()).to(ta.dtype)
-                elif torch.equal(ta, tb):
-                    mixed[name] = ta
-                else:
-                    raise CheckpointError(f"{name}: an integer tensor that differs between A and B cannot be averaged")
-                n_params += ta.numel()
-        save_file(mixed, str(out / fa.name), metadata=meta)
-        if progress:
-            progress(f"{fa.name}: {len(mixed)} tensors, {(1 - w):g} x A + {w:g} x B")
-    weight_names = {f.name for f in weight_files(a)}
+    shards_a = weight_files(a)
+    with ExitStack() as stack:
+        handles_b = {f: stack.enter_context(safe_open(f, "pt")) for f in set(files_b.values())}
+        for fa in shards_a:
+            mixed = {}
+            with safe_open(fa, "pt") as ha:
+                meta = ha.metadata()
+                for name in ha.keys():
+                    ta, tb = ha.get_tensor(name), handles_b[files_b[name]].get_tensor(name)
+                    if ta.shape != tb.shape or ta.dtype != tb.dtype:
+                        raise CheckpointError(f"{name}: {tuple(ta.shape)} {ta.dtype} in A, {tuple(tb.shape)} "
+                                              f"{tb.dtype} in B")
+                    if ta.is_floating_point():
+                        mixed[name] = mix(ta, tb)
+                    elif torch.equal(ta, tb):
+                        mixed[name] = ta
+                    else:
+                        raise CheckpointError(f"{name}: an integer tensor that differs between A and B cannot be "
+                                              "averaged")
+                    n_params += ta.numel()
+            save_file(mixed, str(out / fa.name), metadata=meta)
+            if progress:
+                progress(f"{fa.name}: {len(mixed)} tensors, {(1 - w):g} x A + {w:g} x B")
+    weight_names = {f.name for f in shards_a}
     for f in a.iterdir():
         if f.is_file() and f.name not in weight_names and f.name != GLYPH_HEAD:
             shutil.copy2(f, out / f.name)
@@ -119,7 +126,7 @@ def average(a: Path, b: Path, out: Path, weight: float = 0.5,
         ha, hb = (torch.load(p / GLYPH_HEAD, map_location="cpu", weights_only=True) for p in (a, b))
         if set(ha) != set(hb) or any(ha[k].shape != hb[k].shape for k in ha):
             raise CheckpointError(f"the two {GLYPH_HEAD} files differ in their tensors")
-        torch.save({k: ((1 - w) * ha[k].float() + w * hb[k].float()).to(ha[k].dtype) for k in ha}, out / GLYPH_HEAD)
+        torch.save({k: mix(ha[k], hb[k]) for k in ha}, out / GLYPH_HEAD)
     elif (a / GLYPH_HEAD).exists() or (b / GLYPH_HEAD).exists():
         log.warning("only one checkpoint has a %s: OUT gets none (a stage continuing OUT starts a fresh head)",
                     GLYPH_HEAD)
