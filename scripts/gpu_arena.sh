@@ -8,6 +8,8 @@
 #      times are in its JSON) for every combination of EDGEOCR_CUDA_ARENA (separate | shared),
 #      EDGEOCR_VISION_ARENA (shrink | keep) and EDGEOCR_MEM_PATTERN (1 | 0) on the FP16 form, four on the 8-bit one
 #   3. `edgeocr bench` (first token medians, decode) of the FP16 form under four of them
+# FLOAT_SETTINGS, INT8_SETTINGS and BENCH_SETTINGS (space-separated setting names, below) replace the lists of 2 and 3;
+# an empty one skips its step.
 # Everything lands in $OUT/results.tar.gz.
 set -uo pipefail
 # shellcheck source=scripts/gpu_call_common.sh
@@ -30,19 +32,19 @@ declare -A SET=([sep_shrink]="separate shrink 1" [sep_shrink_nopat]="separate sh
                 [shr_keep]="shared keep 1" [shr_keep_nopat]="shared keep 0")
 envs() { local a v p; [[ -v SET[$1] ]] || { echo "no setting '$1'" >&2; exit 1; }
   read -r a v p <<<"${SET[$1]}"; echo "EDGEOCR_CUDA_ARENA=$a EDGEOCR_VISION_ARENA=$v EDGEOCR_MEM_PATTERN=$p"; }
-for s in "${!SET[@]}"; do envs "$s" > /dev/null || exit 1; done
+for s in "${!SET[@]}" ${FLOAT_SETTINGS:-} ${INT8_SETTINGS:-} ${BENCH_SETTINGS:-}; do envs "$s" > /dev/null || exit 1; done
 
 memory() { local form=$1 art=$2 set=$3
   # shellcheck disable=SC2046
   run "memory_${form}_$set" 90 env EDGEOCR_NATIVE_STEP=1 $(envs "$set") $PY scripts/gpu_perf.py memory "$art" \
     --config runtime --device cuda --tokens 256 --pages 4 --image "${PAGES[@]}" --json "$R/memory_${form}_$set.json"; }
-for s in sep_shrink sep_shrink_nopat sep_keep sep_keep_nopat shr_shrink shr_shrink_nopat shr_keep shr_keep_nopat; do
+for s in ${FLOAT_SETTINGS-sep_shrink sep_shrink_nopat sep_keep sep_keep_nopat shr_shrink shr_shrink_nopat shr_keep shr_keep_nopat}; do
   memory float "$F-native-float" $s
 done
-for s in sep_shrink sep_keep_nopat shr_keep shr_keep_nopat; do
+for s in ${INT8_SETTINGS-sep_shrink sep_keep_nopat shr_keep shr_keep_nopat}; do
   memory int8 "$F-native-int8" $s
 done
-for s in sep_shrink sep_keep shr_keep shr_keep_nopat; do
+for s in ${BENCH_SETTINGS-sep_shrink sep_keep shr_keep shr_keep_nopat}; do
   # shellcheck disable=SC2046
   run "bench_float_$s" 90 env EDGEOCR_NATIVE_STEP=1 $(envs "$s") $PY -m edgeocr bench "$F-native-float" \
     --device cuda --tokens 256 --repeats 2 --image "$IMG" --json "$R/bench_float_$s.json"
