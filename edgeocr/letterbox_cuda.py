@@ -169,7 +169,7 @@ class CudaLetterbox:
         except Exception as e:  # noqa: BLE001  (onnxruntime raises its own types; a CPU-only build among them)
             raise BackendError(f"ONNX Runtime cannot hold the page on CUDA device {device_id} ({e}); "
                                "pip install 'edgeocr[cuda]'") from None
-        self.mem = CudaMemory(None, small=0)       # its buffers are replaced as pages grow: each its own cudaMalloc
+        self.mem = CudaMemory(None)
         self.stream = self.cuda.stream_create(non_blocking=True)
         self.lut = self.mem.alloc((768,), np.float32, zero=False)
         self.mem.write(self.lut, lookup_table(mean, std))

@@ -189,55 +189,6 @@ def test_priority_streams_put_vision_low_and_decoder_high(monkeypatch):
     assert ort_options.stream_priorities_wanted(False) is False
 
 
-def test_small_device_buffers_share_allocations():
-    """CudaMemory carves buffers of at most SMALL bytes from shared SLAB-byte cudaMallocs (256-byte aligned, never
-    overlapping, a new slab when one is full) and gives a larger buffer a cudaMalloc of its own; zeroing covers
-    exactly the buffer."""
-    from edgeocr.backends.memory import CudaMemory
-
-    class FakeCuda:
-        def __init__(self):
-            self.mallocs, self.memsets, self.freed, self.next = [], [], [], 1 << 32
-
-        def malloc(self, nbytes):
-            self.mallocs.append(nbytes)
-            ptr, self.next = self.next, self.next + nbytes + (1 << 20)
-            return ptr
-
-        def memset(self, ptr, nbytes):
-            self.memsets.append((ptr, nbytes))
-
-        def free(self, ptr):
-            self.freed.append(ptr)
-
-    cuda = FakeCuda()
-    mem = CudaMemory(None, cuda)
-    small = [mem.alloc(shape, dt) for shape, dt in (((3,), np.int64), ((1, 2048), np.float32), ((7,), np.uint8),
-                                                    ((1, 120818), np.float32))]
-    assert cuda.mallocs == [mem.SLAB]                                   # four buffers, one allocation
-    spans = sorted((b.ptr, b.ptr + b.nbytes) for b in small)
-    assert all(b.ptr % mem.ALIGN == 0 for b in small)
-    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))          # no overlap
-    assert cuda.memsets == [(b.ptr, b.nbytes) for b in small]
-    big = mem.alloc((mem.SMALL // 4 + 1,), np.float32, zero=False)       # over SMALL: its own cudaMalloc
-    assert cuda.mallocs == [mem.SLAB, big.nbytes] and big.keep is not small[0].keep
-    more = [mem.alloc((mem.SMALL // 4,), np.float32, zero=False) for _ in range(5)]    # 1 MiB each
-    # the first 2 MiB slab holds 0.47 MiB of the small buffers and one of these; the other four take two more
-    assert cuda.mallocs == [mem.SLAB, big.nbytes, mem.SLAB, mem.SLAB]
-    assert more[0].keep is small[0].keep and more[1].keep is more[2].keep and more[3].keep is more[4].keep
-    assert len({id(b.keep) for b in more}) == 3
-    first = small[0].keep.ptr
-    del small
-    assert first not in cuda.freed                                      # three of `more` still live in it
-    del more, big, mem
-    import gc
-    gc.collect()
-    assert first in cuda.freed and len(cuda.freed) == 4                 # the last buffer gone, every slab freed
-    own = CudaMemory(None, cuda, small=0)                              # a holder that replaces its buffers
-    tiny = [own.alloc((3,), np.float32) for _ in range(2)]
-    assert cuda.mallocs[-2:] == [12, 12] and tiny[0].keep is not tiny[1].keep
-
-
 def test_memory_views_of_one_allocation():
     """The native step's weights are views of one allocation (edgeocr.backends.memory): a view shares the bytes,
     and one that would leave the allocation or split an element is refused."""

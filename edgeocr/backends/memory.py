@@ -100,52 +100,21 @@ class CudaMemory:
     (edgeocr.backends.cudart).  Not ONNX Runtime's allocator: with `OrtValue.ortvalue_from_shape_and_type` the
     KV cache and step buffers (about 390 MiB with a 4,096-token cache) held 512 MiB on the H200 (docs/perf.md §4),
     what an arena that doubles each extension reserves (1 + 2 + ... + 256 MiB); a gigabyte of native-step weights
-    could have held two.
-
-    Buffers of at most `small` bytes (a session's step inputs, scratch and selection buffers: about 30 of them,
-    most under a few KiB) are carved from shared SLAB-byte allocations, 256-byte aligned, instead of one cudaMalloc
-    each (the driver maps device memory in pages of up to 2 MiB; whether it packs small cudaMallocs itself is
-    not measured here yet).  A carved buffer's bytes return to the device with its whole slab, when the last
-    buffer in it goes: a holder that replaces its buffers as they grow passes small=0."""
+    could have held two."""
 
     device = "cuda"
-    SMALL = 1 << 20             # bytes: by default, buffers up to this size share slabs
-    SLAB = 2 << 20              # bytes per shared allocation
-    ALIGN = 256                 # bytes: what cudaMalloc guarantees, kept for every carved buffer
 
-    def __init__(self, ort, cuda=None, small: int | None = None):
-        """cuda: an edgeocr.backends.cudart.CudaRT (None: the process's own, cudart.load()).  small: the largest
-        buffer carved from a shared slab (None: SMALL; 0: every buffer a cudaMalloc of its own)."""
-        import threading
+    def __init__(self, ort):
+        from edgeocr.backends import cudart
 
-        if cuda is None:
-            from edgeocr.backends import cudart
-            cuda = cudart.load()
-        self.ort, self.cuda = ort, cuda
-        self.small = self.SMALL if small is None else min(int(small), self.SLAB)
-        self._slab: _Allocation | None = None
-        self._slab_used = 0
-        self._lock = threading.Lock()          # the letterbox grows its buffers on whichever thread prepares
-
-    def _carve(self, nbytes: int) -> tuple[int, _Allocation]:
-        """(address, the slab keeping it alive) of `nbytes` (<= small) in the current slab or a new one."""
-        size = -(-max(1, nbytes) // self.ALIGN) * self.ALIGN
-        with self._lock:
-            if self._slab is None or self._slab_used + size > self.SLAB:
-                self._slab, self._slab_used = _Allocation(self.cuda, self.SLAB), 0
-            ptr = self._slab.ptr + self._slab_used
-            self._slab_used += size
-            return ptr, self._slab
+        self.ort = ort
+        self.cuda = cudart.load()
 
     def alloc(self, shape, dtype, zero: bool = True) -> Buffer:
         """zero=False: left as cudaMalloc gives it (for a buffer the caller writes whole at once)."""
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        if nbytes <= self.small:
-            ptr, keep = self._carve(nbytes)
-        else:
-            keep = _Allocation(self.cuda, nbytes)
-            ptr = keep.ptr
-        buf = Buffer(ptr, tuple(shape), np.dtype(dtype), None, keep)
+        a = _Allocation(self.cuda, nbytes)
+        buf = Buffer(a.ptr, tuple(shape), np.dtype(dtype), None, a)
         if zero:
             self.cuda.memset(buf.ptr, max(1, buf.nbytes))
         return buf
