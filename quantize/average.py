@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgeocr.errors import CheckpointError
-from quantize.checkpoint import weight_files
-from quantize.grow import GLYPH_HEAD
+from quantize.checkpoint import GLYPH_HEAD, weight_files
 
 log = logging.getLogger("edgeocr.quantize")
 

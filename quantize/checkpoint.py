@@ -78,6 +78,9 @@ class ModelSpec:
         return asdict(self)
 
 
+# the trainer's auxiliary glyph head (quantize.train.glyph), kept beside a checkpoint's weights so that a stage can
+# continue it; transformers ignores it and it is never shipped
+GLYPH_HEAD = "glyph_head.pt"
 USER_TOKEN = "<｜hy_User｜>"
 SYSTEM_SEP_TOKEN = "<｜hy_place▁holder▁no▁3｜>"
 

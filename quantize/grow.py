@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgeocr.errors import CheckpointError
-from quantize.checkpoint import weight_files
+from quantize.checkpoint import GLYPH_HEAD, weight_files
 
 log = logging.getLogger("edgeocr.quantize")
 
 SHIPPED_LIMIT = 16 * 2**20      # bytes: the shipped demo model's budget on disk (reported, not enforced)
-GLYPH_HEAD = "glyph_head.pt"    # the trainer's auxiliary head (quantize.train.glyph.HEAD_FILE): not shipped
 
 # A layer's tensors by name suffix -> role.  "write": adds into the residual stream (zero in a new layer);
 # "read": reads the normed residual (copied, or N(0, std) when fresh); "norm" / "bias": 1 / 0 when fresh.

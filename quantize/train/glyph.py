@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from quantize.checkpoint import GLYPH_HEAD as HEAD_FILE  # beside a checkpoint's model.safetensors
+
 CELL = 32                      # canvas pixels per merged image token (patch 16 x merge 2)
 SLOTS = 6                      # characters per token the loss names, in reading order
-HEAD_FILE = "glyph_head.pt"    # beside a checkpoint's model.safetensors
 
 
 def glyph_targets(chars: torch.Tensor, shifts: torch.Tensor, grid: int, n_cls: int) -> torch.Tensor:
