@@ -56,11 +56,11 @@ done
 POOLS=${POOLS:-/tmp/edgeocr-pools}
 # the key and the pools are made with INIT's tokenizer and weights (a machine whose copy of the tree carries
 # demo_model/ without its weights can still start from a checkpoint carried beside it)
-POOL_INIT=${INIT:-demo_model}
+INIT=${INIT:-demo_model}
 caches=()
 for i in "${!names[@]}"; do
   read -r -a f <<<"${flags[$i]}"
-  key=$(python3 -m quantize.train "$RUN/pool-key" --init "$POOL_INIT" --print-pool-key "${common[@]}" "${f[@]}") \
+  key=$(python3 -m quantize.train "$RUN/pool-key" --init "$INIT" --print-pool-key "${common[@]}" "${f[@]}") \
     || { say "stage ${names[$i]}: its flags are refused (above)"; exit 2; }
   caches+=("$POOLS/$key")
 done
@@ -85,7 +85,7 @@ rm -f "$RUN"/pool-*.ready "$RUN"/pool-*.failed
     if [ -f "${caches[$i]}/meta.pt" ] && [ -f "${caches[$i]}/canvases.npy" ]; then
       echo "pool: ${caches[$i]} is there (rendered by an earlier call)" >"$RUN/pool-${names[$i]}.log"
       touch "$RUN/pool-${names[$i]}.ready"
-    elif python3 -m quantize.train "$RUN/pool-only-${names[$i]}" --init "$POOL_INIT" --budget-s 0 --workers "$workers" \
+    elif python3 -m quantize.train "$RUN/pool-only-${names[$i]}" --init "$INIT" --budget-s 0 --workers "$workers" \
       --pool-cache "${caches[$i]}" "${common[@]}" "${f[@]}" >"$RUN/pool-${names[$i]}.log" 2>&1; then
       touch "$RUN/pool-${names[$i]}.ready"
     else
@@ -96,7 +96,7 @@ rm -f "$RUN"/pool-*.ready "$RUN"/pool-*.failed
 pool_pid=$!
 trap 'rc=$?; pkill -P "$pool_pid" 2>/dev/null || true; kill "$pool_pid" 2>/dev/null || true; exit $rc' EXIT
 
-prev=${INIT:-demo_model}
+prev=$INIT
 ran=()
 for i in "${!names[@]}"; do
   n=${names[$i]}

@@ -49,11 +49,11 @@ def demo_art(tmp_path_factory):
 def test_demo_model_reads_eval_pages(demo_art):
     """Mean CER on the first four held-out pages <= 0.08 (measured 0.060, 2026-12-06, the "g8" weights: the table
     page 000001 0.210, two extra "Total" lines, the first row's name read as another row's and the last row left
-    out; the shipping label 000000 0.031, "Robert" for "Richard" and a house number missing a digit; the other two 0.  The "g6" weights had 0.0025, page 000002 0.01 and the other three 0;
-    "soup" 0.048, the table page 000001 at 0.156; the 6/6-layer "grow2" 0.079, the table page at 0.31; "html8" 0.062,
-    after "html6" 0.050, after "html5" 0.088, after "html4" 0.063, after "html3" 0.114, before the HTML-page stages
-    0.17, before the reading curriculum 0.49, random weights ~1.0), and the shipping label's printed headings come
-    out verbatim."""
+    out; the shipping label 000000 0.031, "Robert" for "Richard" and a house number missing a digit; the other
+    two 0.  The "g6" weights had 0.0025, page 000002 0.01 and the other three 0; "soup" 0.048, the table page 000001
+    at 0.156; the 6/6-layer "grow2" 0.079, the table page at 0.31; "html8" 0.062, after "html6" 0.050, after "html5"
+    0.088, after "html4" 0.063, after "html3" 0.114, before the HTML-page stages 0.17, before the reading curriculum
+    0.49, random weights ~1.0), and the shipping label's printed headings come out verbatim."""
     model = OCRModel(demo_art)
     samples = load_dir(EVAL)[:4]
     cers, texts = [], []

@@ -225,7 +225,8 @@ def test_fresh_init_on_a_flat_sharded_untied_checkpoint(ckpt_b, tmp_path):
 
 
 def test_glyph_head_is_copied_and_still_fits(ckpt_a, tmp_path):
-    from quantize.train.glyph import HEAD_FILE, GlyphHead, load_glyph_head, save_glyph_head
+    from quantize.checkpoint import GLYPH_HEAD
+    from quantize.train.glyph import GlyphHead, load_glyph_head, save_glyph_head
 
     src = tmp_path / "src"
     shutil.copytree(ckpt_a, src)
@@ -233,10 +234,10 @@ def test_glyph_head_is_copied_and_still_fits(ckpt_a, tmp_path):
     save_glyph_head(GlyphHead(hidden, charset=10, grid=8), src)
     r = grow(src, tmp_path / "out", GrowOptions(vision_layers=4))
     assert r.text_plan == (0, 1) and r.vision_plan == (0, None, None, 1)
-    assert filecmp.cmp(src / HEAD_FILE, tmp_path / "out" / HEAD_FILE, shallow=False)
+    assert filecmp.cmp(src / GLYPH_HEAD, tmp_path / "out" / GLYPH_HEAD, shallow=False)
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert load_glyph_head(GlyphHead(cfg["text_config"]["hidden_size"], charset=10, grid=8), tmp_path / "out")
-    assert r.disk_bytes_after == sum(p.stat().st_size for p in (tmp_path / "out").iterdir() if p.name != HEAD_FILE)
+    assert r.disk_bytes_after == sum(p.stat().st_size for p in (tmp_path / "out").iterdir() if p.name != GLYPH_HEAD)
 
 
 def test_grown_tiny_checkpoint_exports(ckpt_a, tmp_path):

@@ -4,7 +4,7 @@ A linear head on each merged image token's embedding names the characters inside
 slot in reading order (SLOTS softmax classifiers over the generator's charset + 'other' + 'none').
 Cross-entropy summed over the slots, averaged over the tokens.  It teaches the encoder glyphs, and their
 order inside a token, directly instead of only through the decoder.  Training only: the head is kept in
-the resumable state and beside the checkpoint's weights (HEAD_FILE, bf16, read by the next stage's --init;
+the resumable state and beside the checkpoint's weights (GLYPH_HEAD, bf16, read by the next stage's --init;
 transformers ignores it), never in the model.
 
 Targets are built on the device from the pool's character positions, after the view's shift: a
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quantize.checkpoint import GLYPH_HEAD as HEAD_FILE  # beside a checkpoint's model.safetensors
+from quantize.checkpoint import GLYPH_HEAD  # beside a checkpoint's model.safetensors
 
 CELL = 32                      # canvas pixels per merged image token (patch 16 x merge 2)
 SLOTS = 6                      # characters per token the loss names, in reading order
@@ -73,12 +73,12 @@ class GlyphHead(nn.Module):
 
 def save_glyph_head(head: GlyphHead, checkpoint: "Path") -> None:
     torch.save({k: v.detach().to("cpu", torch.bfloat16) for k, v in head.state_dict().items()},
-               Path(checkpoint) / HEAD_FILE)
+               Path(checkpoint) / GLYPH_HEAD)
 
 
 def load_glyph_head(head: GlyphHead, checkpoint: "Path") -> bool:
     """The head saved beside `checkpoint`, if there is one of this head's shape; True when loaded."""
-    f = Path(checkpoint) / HEAD_FILE
+    f = Path(checkpoint) / GLYPH_HEAD
     if not f.exists():
         return False
     st = torch.load(f, map_location="cpu", weights_only=True)
