@@ -31,8 +31,8 @@ def main(report_path: str, fp32: str, int8: str) -> None:
           "           .venv/bin/edgeocr check --reference build/demo-fp32 --candidate build/demo-int8 "
           "--data calibration_data/eval --show-pages   # all 64 pages\n"
           "           the 7.8M-parameter demo model reads pages of its own generator (whitespace-free CER on all "
-          "64 eval pages: FP32 3.6 %, INT8 4.2 %; the 3 pages above are a sample), other documents less well "
-          "(23 % on HTML pages; demo_model/README.md); for real OCR, export the real checkpoint (README)")
+          "64 eval pages: FP32 3.2 %, INT8 3.2 %; the 3 pages above are a sample), other documents less well "
+          "(18 % on HTML pages; demo_model/README.md); for real OCR, export the real checkpoint (README)")
 
 
 if __name__ == "__main__":
