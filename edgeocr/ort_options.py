@@ -12,6 +12,10 @@ settings the runtime's ONNX Runtime session uses on CUDA; docs/perf.md has the m
   prefill), instead of two that each keep their peak.
 - `vision_run_options`: return the arena's free chunks to the device after each vision call (the runtime's
   default on CUDA, `vision_shrink_wanted`).
+- `prefill_graph_wanted`, `vision_graph_wanted`: replay the prefill (one CUDA graph per slot and prompt length)
+  and the vision graph as ONNX Runtime CUDA graphs instead of launching their ~350 and ~270 kernels one by one.
+- `cuda_stack_bytes`: the per-thread stack the CUDA context reserves local memory for (0 by default: what the
+  kernels need, grown by the driver; its own default is 1 KiB for every thread the GPU can hold at once).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ STREAM_PRIORITIES_ENV = "EDGEOCR_STREAM_PRIORITIES"   # "1": decoder on a high-p
 VISION_ARENA_ENV = "EDGEOCR_VISION_ARENA"            # "shrink" (default) | "keep": the vision arena after each call
 CUDA_ARENA_ENV = "EDGEOCR_CUDA_ARENA"                # "separate" (default) | "shared": the sessions' CUDA arenas
 MEM_PATTERN_ENV = "EDGEOCR_MEM_PATTERN"              # "1" (default) | "0": ONNX Runtime's memory patterns
+PREFILL_GRAPH_ENV = "EDGEOCR_PREFILL_GRAPH"          # "0": no CUDA graph per prompt length's prefill (default on)
+VISION_GRAPH_ENV = "EDGEOCR_VISION_GRAPH"            # "1": the vision graph replayed as a CUDA graph
+CUDA_STACK_ENV = "EDGEOCR_CUDA_STACK"                # bytes of stack per GPU thread the CUDA context reserves
 
 
 def cpu_session_config() -> dict:
@@ -116,3 +123,51 @@ def mem_pattern_wanted() -> bool:
     (EDGEOCR_MEM_PATTERN: "1", the default, or "0").  Off, each activation is its own chunk of the arena, which
     the next run reuses chunk by chunk instead of asking for one more block the size of the whole plan."""
     return _choice(MEM_PATTERN_ENV, "1", ("1", "0")) == "1"
+
+
+def _flag(env: str) -> bool:
+    value = os.environ.get(env, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{env} must be 1 or 0, not {value!r}")
+
+
+def prefill_graph_wanted() -> bool | None:
+    """Whether the decoder session replays each prefill as a CUDA graph (EDGEOCR_PREFILL_GRAPH: 1 | 0; None when
+    unset: on wherever the artifact allows it, i.e. GroupQueryAttention with in-graph selection, and the arena is
+    not shared).  One graph per slot and prompt length, captured on its third run (ONNX Runtime runs a graph id
+    twice before it captures it); the prompt's ids and RoPE tables are written into the same device buffers every
+    time.  Measured on an H100 (2026-12-06, docs/perf.md): prefill 7.0 -> 6.1 ms, and with the decoder's memory
+    patterns off (replayed prefills need none) 164 MiB less device memory after two pages."""
+    if os.environ.get(PREFILL_GRAPH_ENV, "").strip() == "":
+        return None
+    return _flag(PREFILL_GRAPH_ENV)
+
+
+def vision_graph_wanted() -> bool:
+    """Whether the vision session replays the vision graph as a CUDA graph (EDGEOCR_VISION_GRAPH=1; off when
+    unset).  The page is copied into one device buffer and the embeddings out of one, so a single graph serves
+    every slot; its activations stay reserved in the vision arena (no shrink after each call)."""
+    return _flag(VISION_GRAPH_ENV)
+
+
+def cuda_stack_bytes() -> int | None:
+    """The per-thread stack size set on the CUDA context at load (EDGEOCR_CUDA_STACK, bytes; default 0), or None
+    ("driver") to keep the driver's.  The context reserves local memory for that stack times every thread the GPU
+    can hold at once: 264 MiB at the driver's default 1 KiB on a 132-SM H100.  The driver grows the limit for any
+    kernel that needs more (and keeps it), so 0 reserves what the kernels launched need: 80 bytes a thread for
+    the native-step artifacts, 21 MiB on that GPU (measured 2026-12-06, docs/perf.md)."""
+    value = os.environ.get(CUDA_STACK_ENV, "").strip().lower()
+    if value == "":
+        return 0
+    if value == "driver":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{CUDA_STACK_ENV} must be a number of bytes (>= 0) or 'driver', not {value!r}")
+    return n

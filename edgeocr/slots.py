@@ -203,11 +203,13 @@ class SlotScheduler:
         seq = Sequence(prompt_ids=page.prompt.ids, options=page.options, stop_ids=page.stop_ids,
                        penalty=page.penalty, next_check=page.options.tail_min_chars)
         held = _Slot(tag, seq, page.prep, page.task, 0.0, t_admit, page=page)
-        if self.prefill_beside:           # vision and prefill on the worker; the step decodes the others
+        # a vision that may capture its CUDA graph runs here, with nothing else in flight (see QUIET_STEPS)
+        ahead = not _pending(self.session, "vision_capture_pending")
+        if self.prefill_beside and ahead:   # vision and prefill on the worker; the step decodes the others
             held.vision = self._vision.submit(self._encode_and_prefill, page, slot)
             self.pages[slot] = held       # its first token reported by a later step(), once both are done
             return
-        if self.vision_ahead:
+        if self.vision_ahead and ahead:
             held.vision = self._vision.submit(self._encode, page.prep, slot)
             self.pages[slot] = held       # prefilled by a later step(), once its vision is done
             return
@@ -234,6 +236,8 @@ class SlotScheduler:
     def _prefill(self, slot: int, held: _Slot, events: list[SlotEvent]) -> None:
         """Prefill `held`'s prompt into `slot` (its image is in the slot's buffer) and emit its first token."""
         page, seq = held.page, held.seq
+        if _pending(self.session, "prefill_capture_pending", slot, len(seq.prompt_ids)):
+            self._vision.drain()              # a CUDA graph may be captured: no vision in flight meanwhile
         t_prefill = time.perf_counter()
         tok = self.selection.first(slot, seq.prompt_ids, seq.penalty, page.prompt.cos, page.prompt.sin)
         t_first = time.perf_counter()
@@ -366,6 +370,12 @@ _END = object()
 QUIET_STEPS = 3
 VISION_AHEAD_ENV = "EDGEOCR_VISION_AHEAD"     # "1": schedulers run vision ahead unless told otherwise
 PREFILL_BESIDE_ENV = "EDGEOCR_PREFILL_BESIDE"  # "1": with vision ahead, prefills run beside the step too
+
+
+def _pending(session, hook: str, *args) -> bool:
+    """A session's capture hook (edgeocr.backends.base.Session); False for a test double without it."""
+    fn = getattr(session, hook, None)
+    return bool(fn(*args)) if fn is not None else False
 
 
 def _env_on(name: str) -> bool:

@@ -226,6 +226,12 @@ def cmd_memory(a) -> int:
     if cuda is not None:
         smi[stages[0][0]] = _smi_mib()
     notes = {}
+    stack = ort_options.cuda_stack_bytes()
+    if cuda is not None:
+        notes["stack_limit_default"] = cuda.stack_limit()
+        if stack is not None:             # what the session sets at load, set here first to see it on its own
+            cuda.set_stack_limit(stack)
+            mark(f"CUDA stack limit {stack} B")
     m = read_manifest(Path(a.artifact))
     original = ort.InferenceSession.__init__
     original_run = ort.InferenceSession.run_with_iobinding
@@ -273,6 +279,10 @@ def cmd_memory(a) -> int:
                for g in ("vision", "decoder")}
     kv = model.session.memory_bytes()["kv_cache"] / 2**20
     notes["runtime_arena"] = getattr(model.session, "arena", "?")
+    if cuda is not None:                  # the driver grows the limit for a kernel that needs more
+        notes["stack_limit_after"] = cuda.stack_limit()
+    notes["graphs"] = {"prefill": getattr(model.session, "prefill_graph", False),
+                       "vision": getattr(model.session, "vision_graph", False)}
     deltas = [(n, round(u, 1), round(u - (stages[i - 1][1] if i else 0), 1)) for i, (n, u) in enumerate(stages)]
     _write(a.json, {"artifact": a.artifact, "precision": m.precision, "config": a.config, "device": a.device,
                     "fusion": m.export.get("fusion", {}).get("target"), "stages_mib": deltas,

@@ -169,6 +169,46 @@ def test_demo_step_state_on_cuda_graphs(tmp_path, monkeypatch):
     assert state.session.resyncs == 0
 
 
+def test_demo_prefill_and_vision_graphs_on_cuda(tmp_path, monkeypatch):
+    """EDGEOCR_PREFILL_GRAPH=1 (the default where the artifact allows it) and EDGEOCR_VISION_GRAPH=1 (prefills and
+    the vision graph replayed as ONNX Runtime CUDA graphs, captured on their third run): the demo model's fast FP16 flavour, one page at a time (ONNX
+    Runtime's step graph too), and its 3-slot native-step form with vision ahead, give the tokens of the same
+    artifacts without them, with pages enough that every graph is captured and then replayed."""
+    from pathlib import Path
+
+    from edgeocr.dataset import load_dir
+    from quantize.native_step import native_step_artifact
+    pages = [p.path for p in load_dir(Path(__file__).resolve().parents[1] / "calibration_data" / "eval")[:6]]
+    one = _demo_export(tmp_path, "fast16", precision="fp16", attention="gqa", select_on_device=True)
+    three = _demo_export(tmp_path, "fast16x3", precision="fp16", attention="gqa", select_on_device=True, slots=3)
+    native_step_artifact(three, tmp_path / "native", weights="float")
+    o = DecodeOptions(max_new_tokens=120)
+    monkeypatch.setenv("EDGEOCR_PREFILL_GRAPH", "0")          # on by default where the artifact allows it
+    plain = OCRModel(one, device="cuda")
+    assert not plain.session.prefill_graph
+    want_one = [plain.recognize(p, task="structured_parse", options=o).token_ids for p in pages]
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "1")
+    monkeypatch.setenv("EDGEOCR_VISION_AHEAD", "1")
+    nat = OCRModel(tmp_path / "native", device="cuda")
+    want_many = {i: r.token_ids for i, r in nat.recognize_many(pages, task="structured_parse", options=o)}
+    del plain, nat
+    monkeypatch.setenv("EDGEOCR_PREFILL_GRAPH", "1")
+    monkeypatch.setenv("EDGEOCR_VISION_GRAPH", "1")
+    g = OCRModel(one, device="cuda")
+    assert g.session.prefill_graph and g.session.vision_graph and g.session.cuda_graph
+    assert [g.recognize(p, task="structured_parse", options=o).token_ids for p in pages] == want_one
+    assert g.session._vision_runs == 6 and not g.session.vision_capture_pending()
+    assert max(g.session._pf_graph_runs.values()) == 6 and not g.session.prefill_capture_pending(0, len(
+        g.prompt_ids(g.instruction("structured_parse", None)[0])))
+    del g
+    nat = OCRModel(tmp_path / "native", device="cuda")
+    assert nat.session.engine == "native-cuda" and nat.session.prefill_graph and nat.scheduler().vision_ahead
+    for _ in range(3):                    # 18 prefills over 3 slots: each slot's graph captured, then replayed
+        got = {i: r.token_ids for i, r in nat.recognize_many(pages, task="structured_parse", options=o)}
+        assert got == want_many
+    assert len(want_one[0]) > 20 and len({len(t) for t in want_many.values()}) > 1
+
+
 @pytest.mark.parametrize("weights", ["float", "int8"])
 def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights):
     """`quantize native-step` of the demo model's fast FP16 flavour with 3 slots, FP16 weights or 8-bit weights and

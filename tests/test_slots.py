@@ -337,6 +337,50 @@ def test_vision_ahead_cancel_while_its_vision_runs(slot_arts):
     assert sorted(got) == ["a", "c"] and got["a"].token_ids == alone_a and got["c"].token_ids == alone_c
 
 
+def test_capture_pending_visions_and_prefills_run_with_nothing_in_flight(slot_arts, monkeypatch):
+    """A session whose next vision or prefill may capture a CUDA graph (EDGEOCR_VISION_GRAPH /
+    EDGEOCR_PREFILL_GRAPH on CUDA; no other thread may use the device meanwhile): with vision ahead, such a vision
+    runs inside admit() on the caller's thread, and such a prefill waits for the visions in flight.  Without
+    the hooks a prefill does overlap the next page's vision here, so the test can see the difference; the
+    pages' tokens stay their own either way.  A CPU session never captures."""
+    import time
+    model = OCRModel(slot_arts["gqa"])
+    s = model.session
+    assert not s.vision_capture_pending() and not s.prefill_capture_pending(0, 10)
+    monkeypatch.setenv("EDGEOCR_PREFILL_GRAPH", "1")         # read on CUDA only
+    assert not OCRModel(slot_arts["gqa"]).session.prefill_graph
+    opts = DecodeOptions(max_new_tokens=8, ignore_stop=True)
+    pages = _pages(5)                     # past the slots, so that pages are admitted after the quiet steps
+    alone = [model.recognize(p, options=opts).token_ids for p in pages]
+    spans, _ = _slow_vision(model, 0.3)
+    prefills, real_prefill = [], s._prefill
+
+    def prefill(*args, **kw):
+        prefills.append(time.perf_counter())
+        return real_prefill(*args, **kw)
+    s._prefill = prefill
+
+    def overlaps():
+        return sum(t0 < t < t1 for t in prefills for t0, t1 in spans)
+
+    def run(vision_pending, prefill_pending):
+        spans.clear(), prefills.clear()
+        s.vision_capture_pending = lambda: vision_pending
+        s.prefill_capture_pending = lambda slot, n: prefill_pending
+        sched = model.scheduler(vision_ahead=True)
+        got = _run(sched, [(i, model.page(p, options=opts)) for i, p in enumerate(pages)])
+        assert [got[i].token_ids for i in range(5)] == alone
+
+    run(False, False)
+    assert overlaps() >= 1, "no prefill overlapped a vision: the test cannot tell the hooks' effect"
+    run(False, True)
+    assert len(prefills) == 5 and overlaps() == 0
+    sched = model.scheduler(vision_ahead=True)
+    s.vision_capture_pending = lambda: True
+    sched.admit(model.page(pages[0], options=opts), "a")   # its vision ran here: decoding at once, none submitted
+    assert sched.decoding() == 1 and len(spans) == 6 and not sched._vision._inflight
+
+
 def test_vision_ahead_from_the_environment(slot_arts, monkeypatch):
     """EDGEOCR_VISION_AHEAD=1 turns vision ahead on for every scheduler not told otherwise (run, daemon)."""
     model = OCRModel(slot_arts["masked"])

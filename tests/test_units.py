@@ -107,7 +107,8 @@ def test_backends_keep_the_session_signature():
     from edgeocr.backends.tensorrt import TrtGraphSelection, TrtSession
     from edgeocr.selection import HostSelection, Selection
     for cls in (MaskedSession, GqaSession, TrtSession):
-        for name in ("encode_image", "prefill", "step", "memory_bytes", "selection"):
+        for name in ("encode_image", "prefill", "step", "memory_bytes", "selection", "prefill_capture_pending",
+                     "vision_capture_pending"):
             want = list(inspect.signature(getattr(Session, name)).parameters)
             got = list(inspect.signature(getattr(cls, name)).parameters)
             assert got == want, (cls.__name__, name, got, want)
@@ -233,6 +234,30 @@ def test_cuda_arena_and_memory_pattern_settings(monkeypatch):
     monkeypatch.setenv("EDGEOCR_MEM_PATTERN", "off")
     with pytest.raises(ValueError, match="EDGEOCR_MEM_PATTERN must be one of '1', '0', not 'off'"):
         mem_pattern_wanted()
+
+
+def test_cuda_graph_and_stack_settings(monkeypatch):
+    """EDGEOCR_PREFILL_GRAPH (None when unset: the session's default) / EDGEOCR_VISION_GRAPH (off unless 1) and EDGEOCR_CUDA_STACK (bytes, or the driver's
+    default with "driver"; 0 when unset): values parsed, a bad one named; a CPU session reads none of them."""
+    from edgeocr.ort_options import cuda_stack_bytes, prefill_graph_wanted, vision_graph_wanted
+    for env in ("EDGEOCR_PREFILL_GRAPH", "EDGEOCR_VISION_GRAPH", "EDGEOCR_CUDA_STACK"):
+        monkeypatch.delenv(env, raising=False)
+    assert prefill_graph_wanted() is None and not vision_graph_wanted() and cuda_stack_bytes() == 0
+    monkeypatch.setenv("EDGEOCR_PREFILL_GRAPH", " 1 ")
+    monkeypatch.setenv("EDGEOCR_VISION_GRAPH", "on")
+    monkeypatch.setenv("EDGEOCR_CUDA_STACK", "256")
+    assert prefill_graph_wanted() and vision_graph_wanted() and cuda_stack_bytes() == 256
+    monkeypatch.setenv("EDGEOCR_VISION_GRAPH", "0")
+    monkeypatch.setenv("EDGEOCR_PREFILL_GRAPH", "0")
+    monkeypatch.setenv("EDGEOCR_CUDA_STACK", "driver")
+    assert prefill_graph_wanted() is False and not vision_graph_wanted() and cuda_stack_bytes() is None
+    monkeypatch.setenv("EDGEOCR_PREFILL_GRAPH", "yes please")
+    with pytest.raises(ValueError, match="EDGEOCR_PREFILL_GRAPH must be 1 or 0, not 'yes please'"):
+        prefill_graph_wanted()
+    for bad in ("-1", "1k"):
+        monkeypatch.setenv("EDGEOCR_CUDA_STACK", bad)
+        with pytest.raises(ValueError, match=f"EDGEOCR_CUDA_STACK must be a number of bytes .* not '{bad}'"):
+            cuda_stack_bytes()
 
 
 def test_is_blank_at_the_ink_threshold():

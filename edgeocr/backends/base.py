@@ -42,6 +42,16 @@ class Session(Protocol):
         """{"kv_cache": bytes held by the static KV cache, ...}."""
         ...
 
+    def prefill_capture_pending(self, slot: int, s: int) -> bool:
+        """Whether the next prefill of `s` tokens into `slot` may capture a CUDA graph, during which no other
+        thread may use the device (the scheduler then waits for the visions in flight first)."""
+        ...
+
+    def vision_capture_pending(self) -> bool:
+        """Whether the next encode_image may capture a CUDA graph (the scheduler then runs it on its own thread
+        with nothing else in flight)."""
+        ...
+
     def selection(self) -> "Selection":
         """A token selection strategy over this session (edgeocr.selection): host selection over the logits, or
         the graph's own when the artifact selects on device.  One per scheduler: it holds per-slot state."""

@@ -19,6 +19,7 @@ _MEMCPY_D2H = 2   # cudaMemcpyDeviceToHost
 _MEMCPY_D2D = 3   # cudaMemcpyDeviceToDevice
 _CAPTURE_THREAD_LOCAL = 1   # cudaStreamCaptureModeThreadLocal
 _STREAM_NON_BLOCKING = 1    # cudaStreamNonBlocking
+_LIMIT_STACK = 0            # cudaLimitStackSize
 
 
 class CudaRT:
@@ -122,6 +123,19 @@ class CudaRT:
 
     def memcpy_htod(self, dst: int, src: int, nbytes: int) -> None:
         self._check(self.lib.cudaMemcpy(dst, src, nbytes, _MEMCPY_H2D), "cudaMemcpy (host to device)")
+
+    def memcpy_dtod(self, dst: int, src: int, nbytes: int) -> None:
+        self._check(self.lib.cudaMemcpy(dst, src, nbytes, _MEMCPY_D2D), "cudaMemcpy (device to device)")
+
+    def stack_limit(self) -> int:
+        """The current device's per-thread stack size (cudaLimitStackSize), bytes."""
+        out = ctypes.c_size_t()
+        self._check(self.lib.cudaDeviceGetLimit(ctypes.byref(out), _LIMIT_STACK), "cudaDeviceGetLimit")
+        return out.value
+
+    def set_stack_limit(self, nbytes: int) -> None:
+        """Set the current device's per-thread stack size; the driver grows it again for a kernel that needs more."""
+        self._check(self.lib.cudaDeviceSetLimit(_LIMIT_STACK, ctypes.c_size_t(nbytes)), "cudaDeviceSetLimit")
 
     def memcpy_dtoh(self, dst: int, src: int, nbytes: int) -> None:
         self._check(self.lib.cudaMemcpy(dst, src, nbytes, _MEMCPY_D2H), "cudaMemcpy (device to host)")

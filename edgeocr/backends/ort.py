@@ -17,6 +17,7 @@ int64 per slot read back per step); `GqaSession` on CUDA replays that step as a 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +25,32 @@ import numpy as np
 from edgeocr.artifact import Artifact
 from edgeocr.backends.memory import Buffer, CudaMemory, HostMemory
 from edgeocr.errors import ArtifactError, BackendError
+from edgeocr.ort_options import PREFILL_GRAPH_ENV, VISION_ARENA_ENV, VISION_GRAPH_ENV
 
 log = logging.getLogger("edgeocr")
 
 _NP = {"float32": np.float32, "float16": np.float16}
+PREFILL_GRAPHS = 64         # prefill CUDA graphs a session keeps at most (one per slot and prompt length)
+GRAPH_CAPTURE_RUN = 3       # ONNX Runtime captures a graph id on its third run (two plain runs allocate first)
+
+
+def _session_options(ort, device: str, threads: int | None):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    if device == "cpu":
+        from edgeocr.ort_options import cpu_session_config
+        for key, value in cpu_session_config().items():
+            so.add_session_config_entry(key, value)
+    return so
+
+
+def _graph_run_options(ort, graph_id: int):
+    ro = ort.RunOptions()
+    ro.add_run_config_entry("gpu_graph_id", str(graph_id))
+    return ro
 
 
 def _ort():
@@ -101,21 +124,16 @@ class OrtSession:
         self.device = device
         self.name = f"onnxruntime-{device}"
         self.cuda_graph = self._want_cuda_graph(cuda_graph)
+        self._cuda_settings()
         providers, dec_providers = self._providers(ort, device)
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.log_severity_level = 3
-        if threads:
-            so.intra_op_num_threads = threads
-        if device == "cpu":
-            from edgeocr.ort_options import cpu_session_config
-            for key, value in cpu_session_config().items():
-                so.add_session_config_entry(key, value)
+        so = dec_so = _session_options(ort, device, threads)
         # what a second decoder session for prefills beside the step needs (open_prefill_beside)
-        self._path, self._so, self._pf_providers = path, so, providers
+        # (the vision's stream settings, never its CUDA graph)
+        self._path, self._so = path, so
+        self._pf_providers = [(p[0], {k: v for k, v in p[1].items() if k != "enable_cuda_graph"})
+                              if isinstance(p, tuple) else p for p in providers]
         self.prefill_decoder = None
         self._pf_bindings = {}              # (id(decoder session), slot) -> the prefill binding (_prefill_binding)
-        self._ro_vision = None              # CUDA: the vision arena's free chunks go back after each call
         self.arena = "cpu" if device == "cpu" else "separate"
         if device == "cuda":
             from edgeocr.ort_options import (mem_pattern_wanted, share_arena, shared_arena_wanted, vision_run_options,
@@ -124,13 +142,20 @@ class OrtSession:
                 shrink, shared, pattern = vision_shrink_wanted(), shared_arena_wanted(), mem_pattern_wanted()
             except ValueError as e:
                 raise BackendError(str(e)) from None
-            self._ro_vision = vision_run_options(ort) if shrink else None
+            if self.vision_graph:       # the captured graph keeps its activations' addresses in the vision arena
+                if os.environ.get(VISION_ARENA_ENV, "").strip().lower() == "shrink":
+                    raise BackendError(f"{VISION_GRAPH_ENV}=1 keeps the vision arena (a captured graph keeps its "
+                                       f"activations' addresses): unset {VISION_ARENA_ENV}=shrink")
+                shrink = False
+            else:
+                self._ro_vision = vision_run_options(ort) if shrink else None
             if shared:
-                if self.cuda_graph or self.stream_priorities:
-                    raise BackendError("EDGEOCR_CUDA_ARENA=shared needs a decoder that replays no ONNX Runtime CUDA "
-                                       "graph (a captured step keeps addresses in the arena: use a native-step "
-                                       "artifact, or --cuda-graph off / cuda_graph=False) and no stream "
-                                       "priorities (unset EDGEOCR_STREAM_PRIORITIES)")
+                if self.cuda_graph or self.stream_priorities or self.prefill_graph or self.vision_graph:
+                    raise BackendError("EDGEOCR_CUDA_ARENA=shared needs sessions that replay no ONNX Runtime CUDA "
+                                       "graph (a captured step, prefill or vision keeps addresses in the arena: use "
+                                       "a native-step artifact, or --cuda-graph off / cuda_graph=False, and unset "
+                                       f"{PREFILL_GRAPH_ENV} and {VISION_GRAPH_ENV}) and no stream priorities "
+                                       "(unset EDGEOCR_STREAM_PRIORITIES)")
                 try:
                     share_arena(ort, so)
                 except Exception as e:  # noqa: BLE001  (onnxruntime raises its own types)
@@ -140,9 +165,15 @@ class OrtSession:
             so.enable_mem_pattern = pattern
             self.arena += (f", {'shrunk' if shrink else 'kept'} after vision, "
                            f"memory patterns {'on' if pattern else 'off'}")
+            if self.prefill_graph and pattern:
+                # replayed prefills need no plan; with patterns each prompt length's first runs would ask for one
+                # more block the size of its whole plan (92 MiB at the real size), kept by the decoder's arena
+                dec_so = _session_options(ort, device, threads)
+                dec_so.enable_mem_pattern = False
+                self.arena += " (decoder: off, its prefills replayed)"
         try:
             self.vision = ort.InferenceSession(str(path / art.vision.file), so, providers=providers)
-            self.decoder = ort.InferenceSession(str(path / art.decoder.file), so, providers=dec_providers)
+            self.decoder = ort.InferenceSession(str(path / art.decoder.file), dec_so, providers=dec_providers)
         except Exception as e:  # onnxruntime raises its own exception types
             raise BackendError(f"ONNX Runtime could not load the graphs in {path}: {e}") from None
         self.mem = HostMemory() if device == "cpu" else CudaMemory(ort)
@@ -152,6 +183,34 @@ class OrtSession:
         self.first_tokens = np.zeros((1,), np.int64)      # host copy of a prefill's selected token
 
     # ------------------------------------------------------------ setup
+    def _cuda_settings(self) -> None:
+        """CUDA only: the context's stack reservation (EDGEOCR_CUDA_STACK), and whether the prefill and the vision
+        graph replay ONNX Runtime CUDA graphs (EDGEOCR_PREFILL_GRAPH, EDGEOCR_VISION_GRAPH; edgeocr.ort_options)."""
+        self.prefill_graph = self.vision_graph = False
+        self._ro_vision = None              # CUDA: shrink the vision arena after each call, or replay its graph
+        self._ro_plain = None               # a decoder run outside every CUDA graph (where the session has some)
+        self._pf_graph_ro: dict[tuple[int, int], object] = {}     # (slot, prompt length) -> its graph's RunOptions
+        self._pf_graph_runs: dict[tuple[int, int], int] = {}
+        self._vision_runs = 0
+        if self.device != "cuda":
+            return
+        from edgeocr.ort_options import cuda_stack_bytes, prefill_graph_wanted, shared_arena_wanted, vision_graph_wanted
+        try:
+            stack, prefill, vision = cuda_stack_bytes(), prefill_graph_wanted(), vision_graph_wanted()
+            if prefill is None:           # the default: wherever the artifact allows, unless the arena is shared
+                prefill = self.inplace and self._graph_select and not shared_arena_wanted()
+        except ValueError as e:
+            raise BackendError(str(e)) from None
+        if stack is not None:
+            from edgeocr.backends import cudart
+            cu = cudart.load()
+            cu.make_current()
+            cu.set_stack_limit(stack)
+        if prefill and not (self.inplace and self._graph_select):
+            raise BackendError(f"{PREFILL_GRAPH_ENV}=1 needs an artifact exported with --attention gqa "
+                               "--select-on-device (the prefill writes the cache in place and selects in the graph)")
+        self.prefill_graph, self.vision_graph = prefill, vision
+
     def _want_cuda_graph(self, cuda_graph: bool | None) -> bool:
         possible = self.device == "cuda" and self.inplace and self._graph_select
         if cuda_graph is None:           # auto: on wherever the artifact allows it
@@ -191,18 +250,45 @@ class OrtSession:
             from edgeocr.backends import cudart
             v, d = priority_stream_options(cudart.load())
             vision_cuda, dec_cuda = {**cuda, **v}, {**cuda, **d}
+        if self.vision_graph:               # one graph for every slot (encode_image copies in and out)
+            vision_cuda = {**vision_cuda, "enable_cuda_graph": "1"}
+            self._ro_vision = _graph_run_options(ort, 1)
         providers = [("CUDAExecutionProvider", vision_cuda), "CPUExecutionProvider"]
         dec_providers = [("CUDAExecutionProvider", dec_cuda), "CPUExecutionProvider"]
-        if not self.cuda_graph:
+        if not (self.cuda_graph or self.prefill_graph):
             return providers, dec_providers
         # the decode step is captured once and replayed (gpu_graph_id 1, and 2.. for further step bindings);
-        # prefill runs outside it (-1)
-        self._ro_prefill, self._ro_steps = ort.RunOptions(), [ort.RunOptions() for _ in range(self.step_graphs)]
-        self._ro_prefill.add_run_config_entry("gpu_graph_id", "-1")
-        for i, ro in enumerate(self._ro_steps):
-            ro.add_run_config_entry("gpu_graph_id", str(i + 1))
-        self._ro_step = self._ro_steps[0]
+        # prefill graphs take the ids after those (_prefill_run_options); every other run is outside them (-1)
+        self._ro_plain = _graph_run_options(ort, -1)
+        if self.cuda_graph:
+            self._ro_steps = [_graph_run_options(ort, i + 1) for i in range(self.step_graphs)]
+            self._ro_step = self._ro_steps[0]
         return providers, [("CUDAExecutionProvider", {**dec_cuda, "enable_cuda_graph": "1"}), "CPUExecutionProvider"]
+
+    def _prefill_run_options(self, slot: int, s: int):
+        """The RunOptions of a prefill of `s` tokens into `slot` on this session's decoder: its own CUDA graph's
+        (EDGEOCR_PREFILL_GRAPH), up to PREFILL_GRAPHS of them, or a run outside every graph."""
+        if not self.prefill_graph:
+            return self._ro_plain
+        key = (slot, s)
+        ro = self._pf_graph_ro.get(key)
+        if ro is None:
+            if len(self._pf_graph_ro) >= PREFILL_GRAPHS:
+                return self._ro_plain
+            ro = self._pf_graph_ro[key] = _graph_run_options(self._ort, self.step_graphs + 1 + len(self._pf_graph_ro))
+        self._pf_graph_runs[key] = self._pf_graph_runs.get(key, 0) + 1
+        return ro
+
+    def prefill_capture_pending(self, slot: int, s: int) -> bool:
+        """Whether the next prefill of `s` tokens into `slot` may capture a CUDA graph: ONNX Runtime captures in a
+        mode that another thread's CUDA calls break, so the caller keeps the device otherwise idle (edgeocr.slots)."""
+        key = (slot, s)
+        return (self.prefill_graph and self._pf_graph_runs.get(key, 0) < GRAPH_CAPTURE_RUN
+                and (key in self._pf_graph_ro or len(self._pf_graph_ro) < PREFILL_GRAPHS))
+
+    def vision_capture_pending(self) -> bool:
+        """Whether the next vision call may capture its CUDA graph (EDGEOCR_VISION_GRAPH; see the prefill's)."""
+        return self.vision_graph and self._vision_runs < GRAPH_CAPTURE_RUN
 
     def _alloc(self) -> None:
         """Every buffer the session uses, once.  N = slots, P = prefill_len, D = head_dim, V = vocab."""
@@ -227,6 +313,9 @@ class OrtSession:
         self.h_ids = np.zeros((n, 1), np.int64)                            # host staging of step inputs
         self.h_cos, self.h_sin = np.zeros((n, 1, d), np.float32), np.zeros((n, 1, d), np.float32)
         self.h_len = np.zeros((n,), self._len_dtype)
+        if self.vision_graph:       # the page in and the embeddings out at fixed addresses: one graph, every slot
+            self.vision_pixels = mem.alloc((1, 3, self.art.image.canvas, self.art.image.canvas), np.float32)
+            self.vision_out = mem.alloc((self.art.image.n_image_tokens, self.hidden), self.emb_dtype)
         if self._graph_select:
             self.seen = mem.alloc((n, self.vocab_size), np.float32)       # [N, V] 1 = penalized id
             self.penalty = mem.alloc((n,), np.float32)                     # [N]
@@ -251,6 +340,12 @@ class OrtSession:
 
     def _bind_vision(self) -> None:
         self.vision_bindings = []
+        if self.vision_graph:
+            b = self.vision.io_binding()
+            self._bind(b, "pixels", self.vision_pixels)
+            self._bind(b, "image_embeds", self.vision_out, output=True)
+            self.vision_bindings = [b] * self.slots
+            return
         for image in self.images:
             b = self.vision.io_binding()
             self._bind(b, "image_embeds", image, output=True)
@@ -292,11 +387,35 @@ class OrtSession:
         if not 0 <= slot < self.slots:
             raise IndexError(f"slot {slot} outside [0, {self.slots})")
         b = self.vision_bindings[slot]
+        if self.vision_graph:
+            self._encode_image_graph(pixels, slot)
+            return
         if isinstance(pixels, self._ort.OrtValue):
             b.bind_ortvalue_input("pixels", pixels)
         else:
             b.bind_cpu_input("pixels", np.ascontiguousarray(pixels, np.float32))
         self.vision.run_with_iobinding(b, self._ro_vision)
+
+    def _encode_image_graph(self, pixels, slot: int) -> None:
+        """The vision graph as a CUDA graph: the page copied into its fixed input buffer, the graph run (captured
+        on its third run, replayed after), the embeddings copied from its fixed output into the slot's buffer."""
+        cu, dst = self.mem.cuda, self.vision_pixels
+        if isinstance(pixels, self._ort.OrtValue):
+            shape = tuple(pixels.shape())
+            if shape != dst.shape or pixels.data_type() != "tensor(float)" or pixels.device_name().lower() != "cuda":
+                raise ValueError(f"pixels must be a float32 CUDA tensor of shape {dst.shape}, not "
+                                 f"{pixels.data_type()} {shape} on {pixels.device_name()}")
+            cu.memcpy_dtod(dst.ptr, pixels.data_ptr(), dst.nbytes)
+            self.mem.sync()             # a device-to-device cudaMemcpy returns before it is done
+        else:
+            arr = np.ascontiguousarray(pixels, np.float32)
+            if arr.shape != dst.shape:
+                raise ValueError(f"pixels must have shape {dst.shape}, not {arr.shape}")
+            self.mem.write(dst, arr)
+        self._vision_runs += 1
+        self.vision.run_with_iobinding(self.vision_bindings[slot], self._ro_vision)
+        cu.memcpy_dtod(self.images[slot].ptr, self.vision_out.ptr, self.vision_out.nbytes)
+        self.mem.sync()                 # in the slot's buffer before its prefill (on the decoder's stream) reads it
 
     def image_embeds(self, slot: int = 0) -> np.ndarray:
         """The image embeddings waiting in `slot`, [N_img, H] (a copy; diagnostics and tests)."""
@@ -350,7 +469,7 @@ class OrtSession:
         if self._graph_select:
             self._bind_prefill_select(b, slot)
         self._bind_prefill_flavour(b, s)
-        decoder.run_with_iobinding(b, self._ro_prefill if self.cuda_graph and not beside else None)
+        decoder.run_with_iobinding(b, None if beside else self._prefill_run_options(slot, s))
         self._after_prefill(slot, s)
 
     def _prefill_binding(self, decoder, slot: int, beside: bool):
@@ -396,7 +515,7 @@ class OrtSession:
 
     def _run_step(self) -> None:
         """The decode step over the bound step buffers (edgeocr.backends.native_step runs its own)."""
-        self.decoder.run_with_iobinding(self.step_binding, self._ro_step if self.cuda_graph else None)
+        self.decoder.run_with_iobinding(self.step_binding, self._ro_step if self.cuda_graph else self._ro_plain)
 
     def step(self, token_ids: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray,
              live: np.ndarray) -> np.ndarray:

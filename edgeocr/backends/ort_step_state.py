@@ -141,7 +141,8 @@ class StepStateSession(GqaSession):
     def run_step(self) -> int:
         """One decode step of every slot from set `side` into the other; returns the set it wrote."""
         k = self.side
-        self.decoder.run_with_iobinding(self.step_bindings[k], self._ro_steps[k] if self.cuda_graph else None)
+        ro = self._ro_steps[k] if self.cuda_graph else self._ro_plain
+        self.decoder.run_with_iobinding(self.step_bindings[k], ro)
         self.side = 1 - k
         self.h_pos += self.h_live
         return 1 - k

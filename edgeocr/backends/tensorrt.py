@@ -247,6 +247,12 @@ class TrtSession:
         kv = sum(b.nbytes for n, b in self.plan.buffers.items() if n.startswith("cache_"))
         return {"kv_cache": kv, "device_buffers": self.plan.total_bytes}
 
+    def prefill_capture_pending(self, slot: int, s: int) -> bool:
+        return False                                     # the engines' own CUDA graph is the step's
+
+    def vision_capture_pending(self) -> bool:
+        return False
+
     def selection(self):
         from edgeocr.selection import HostSelection
         return TrtGraphSelection(self) if self._graph_select else HostSelection(self)
