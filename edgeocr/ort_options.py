@@ -27,7 +27,7 @@ STREAM_PRIORITIES_ENV = "EDGEOCR_STREAM_PRIORITIES"   # "1": decoder on a high-p
 VISION_ARENA_ENV = "EDGEOCR_VISION_ARENA"            # "shrink" (default) | "keep": the vision arena after each call
 CUDA_ARENA_ENV = "EDGEOCR_CUDA_ARENA"                # "separate" (default) | "shared": the sessions' CUDA arenas
 MEM_PATTERN_ENV = "EDGEOCR_MEM_PATTERN"              # "1" (default) | "0": ONNX Runtime's memory patterns
-PREFILL_GRAPH_ENV = "EDGEOCR_PREFILL_GRAPH"          # "0": no CUDA graph per prompt length's prefill (default on)
+PREFILL_GRAPH_ENV = "EDGEOCR_PREFILL_GRAPH"          # 1 | 0: a CUDA graph per prompt length's prefill
 VISION_GRAPH_ENV = "EDGEOCR_VISION_GRAPH"            # "1": the vision graph replayed as a CUDA graph
 CUDA_STACK_ENV = "EDGEOCR_CUDA_STACK"                # bytes of stack per GPU thread the CUDA context reserves
 
@@ -136,8 +136,8 @@ def _flag(env: str) -> bool:
 
 def prefill_graph_wanted() -> bool | None:
     """Whether the decoder session replays each prefill as a CUDA graph (EDGEOCR_PREFILL_GRAPH: 1 | 0; None when
-    unset: on wherever the artifact allows it, i.e. GroupQueryAttention with in-graph selection, and the arena is
-    not shared).  One graph per slot and prompt length, captured on its third run (ONNX Runtime runs a graph id
+    unset: on for native-step artifacts, where it was measured, unless the arena is shared; 1 also takes any other
+    artifact with GroupQueryAttention and in-graph selection).  One graph per slot and prompt length, captured on its third run (ONNX Runtime runs a graph id
     twice before it captures it); the prompt's ids and RoPE tables are written into the same device buffers every
     time.  Measured on an H100 (2026-12-06, docs/perf.md): prefill 7.0 -> 6.1 ms, and with the decoder's memory
     patterns off (replayed prefills need none) 164 MiB less device memory after two pages."""

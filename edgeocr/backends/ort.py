@@ -197,8 +197,9 @@ class OrtSession:
         from edgeocr.ort_options import cuda_stack_bytes, prefill_graph_wanted, shared_arena_wanted, vision_graph_wanted
         try:
             stack, prefill, vision = cuda_stack_bytes(), prefill_graph_wanted(), vision_graph_wanted()
-            if prefill is None:           # the default: wherever the artifact allows, unless the arena is shared
-                prefill = self.inplace and self._graph_select and not shared_arena_wanted()
+            if prefill is None:           # the default: native-step artifacts (where it was measured), unless the
+                prefill = (self.inplace and self._graph_select and bool(self.art.decoder.native_step)   # arena
+                           and not shared_arena_wanted())                                           # is shared
         except ValueError as e:
             raise BackendError(str(e)) from None
         if stack is not None:
