@@ -136,11 +136,13 @@ def _flag(env: str) -> bool:
 
 def prefill_graph_wanted() -> bool | None:
     """Whether the decoder session replays each prefill as a CUDA graph (EDGEOCR_PREFILL_GRAPH: 1 | 0; None when
-    unset: on for native-step artifacts, where it was measured, unless the arena is shared; 1 also takes any other
-    artifact with GroupQueryAttention and in-graph selection).  One graph per slot and prompt length, captured on its third run (ONNX Runtime runs a graph id
-    twice before it captures it); the prompt's ids and RoPE tables are written into the same device buffers every
-    time.  Measured on an H100 (2026-12-06, docs/perf.md): prefill 7.0 -> 6.1 ms, and with the decoder's memory
-    patterns off (replayed prefills need none) 164 MiB less device memory after two pages."""
+    unset: on for native-step artifacts, where it was measured, unless the arena is shared; 1 also takes the other
+    artifacts with GroupQueryAttention and in-graph selection, except those with device-resident step state).  One
+    graph per slot and prompt length, captured on its third run on a thread (ONNX Runtime runs a graph id twice
+    before it captures it, and keeps its graphs per thread); the prompt's ids and RoPE tables are written into the
+    same device buffers every time.  With them the decoder session runs without memory patterns (a replayed prefill
+    needs no plan).  Measured on an H100 (2026-12-06, docs/perf.md section 16): prefill 7.0 -> 6.1 ms; 72 MiB less
+    device memory after two pages, 164 MiB less with memory patterns off for both sessions."""
     if os.environ.get(PREFILL_GRAPH_ENV, "").strip() == "":
         return None
     return _flag(PREFILL_GRAPH_ENV)

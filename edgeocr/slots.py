@@ -122,6 +122,11 @@ class SlotScheduler:
         self.selection = selection if selection is not None else session.selection()
         if vision_ahead is None:          # off: on the H200 it did not beat waiting admission (docs/batching.md)
             vision_ahead = _env_on(VISION_AHEAD_ENV)
+        if vision_ahead and getattr(session, "vision_graph", False):
+            # ONNX Runtime keeps a CUDA graph per thread: the worker would capture its own while the steps run
+            log.warning("vision ahead is off for this scheduler: the session replays its vision as a CUDA graph "
+                        "(EDGEOCR_VISION_GRAPH=1), which runs on the scheduler's thread")
+            vision_ahead = False
         self.vision_ahead = vision_ahead
         self.prefill_beside = self._want_prefill_beside(prefill_beside)
         self._vision = vision_worker(session)              # one per session: visions run in admission order

@@ -379,6 +379,8 @@ def test_capture_pending_visions_and_prefills_run_with_nothing_in_flight(slot_ar
     s.vision_capture_pending = lambda: True
     sched.admit(model.page(pages[0], options=opts), "a")   # its vision ran here: decoding at once, none submitted
     assert sched.decoding() == 1 and len(spans) == 6 and not sched._vision._inflight
+    s.vision_graph = True                 # ONNX Runtime keeps a CUDA graph per thread: no vision on the worker
+    assert not model.scheduler(vision_ahead=True).vision_ahead
 
 
 def test_vision_ahead_from_the_environment(slot_arts, monkeypatch):

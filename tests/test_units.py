@@ -237,8 +237,8 @@ def test_cuda_arena_and_memory_pattern_settings(monkeypatch):
 
 
 def test_cuda_graph_and_stack_settings(monkeypatch):
-    """EDGEOCR_PREFILL_GRAPH (None when unset: the session's default) / EDGEOCR_VISION_GRAPH (off unless 1) and EDGEOCR_CUDA_STACK (bytes, or the driver's
-    default with "driver"; 0 when unset): values parsed, a bad one named; a CPU session reads none of them."""
+    """EDGEOCR_PREFILL_GRAPH (None when unset: the session's default), EDGEOCR_VISION_GRAPH (off unless 1) and
+    EDGEOCR_CUDA_STACK (bytes, "driver" for the driver's own; 0 when unset): values parsed, a bad one named."""
     from edgeocr.ort_options import cuda_stack_bytes, prefill_graph_wanted, vision_graph_wanted
     for env in ("EDGEOCR_PREFILL_GRAPH", "EDGEOCR_VISION_GRAPH", "EDGEOCR_CUDA_STACK"):
         monkeypatch.delenv(env, raising=False)
@@ -258,6 +258,41 @@ def test_cuda_graph_and_stack_settings(monkeypatch):
         monkeypatch.setenv("EDGEOCR_CUDA_STACK", bad)
         with pytest.raises(ValueError, match=f"EDGEOCR_CUDA_STACK must be a number of bytes .* not '{bad}'"):
             cuda_stack_bytes()
+
+
+def test_prefill_graph_ids_cap_and_pending_per_thread():
+    """A session's prefill CUDA graphs: one graph id per (slot, prompt length) after the step graphs' ids, at most
+    PREFILL_GRAPHS of them (further ones run outside every graph, id -1); a (slot, length) may capture on its first
+    GRAPH_CAPTURE_RUN runs on each thread (ONNX Runtime keeps graphs per thread), not after; off, nothing is."""
+    import threading
+
+    from edgeocr.backends import ort as eort
+
+    class RunOptions:
+        def __init__(self):
+            self.entries = {}
+
+        def add_run_config_entry(self, k, v):
+            self.entries[k] = v
+
+    s = object.__new__(eort.GqaSession)
+    s.device, s.step_graphs, s._ort = "cuda", 1, type("ort", (), {"RunOptions": RunOptions})
+    s.prefill_graph, s._pf_graph_ro, s._pf_graph_runs = True, {}, {}
+    s._ro_plain = eort._graph_run_options(s._ort, -1)
+    gid = lambda slot, n: s._prefill_run_options(slot, n).entries["gpu_graph_id"]   # noqa: E731
+    assert [s.prefill_capture_pending(0, 50)] + [gid(0, 50) for _ in range(3)] == [True, "2", "2", "2"]
+    assert not s.prefill_capture_pending(0, 50) and gid(0, 50) == "2"
+    assert gid(1, 50) == "3" and gid(0, 60) == "4" and s.prefill_capture_pending(1, 50)
+    other = []
+    t = threading.Thread(target=lambda: other.append(s.prefill_capture_pending(0, 50)))
+    t.start(), t.join()
+    assert other == [True]                       # a new thread captures its own graph
+    for n in range(100, 100 + eort.PREFILL_GRAPHS - 3):
+        gid(0, n)
+    assert len(s._pf_graph_ro) == eort.PREFILL_GRAPHS
+    assert gid(2, 7) == "-1" and not s.prefill_capture_pending(2, 7)
+    s.prefill_graph = False
+    assert not s.prefill_capture_pending(1, 50) and s._prefill_run_options(1, 50) is s._ro_plain
 
 
 def test_is_blank_at_the_ink_threshold():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from edgeocr.artifact import Artifact
 from edgeocr.backends.memory import Buffer, CudaMemory, HostMemory
 from edgeocr.errors import ArtifactError, BackendError
-from edgeocr.ort_options import PREFILL_GRAPH_ENV, VISION_ARENA_ENV, VISION_GRAPH_ENV
+from edgeocr.ort_options import CUDA_STACK_ENV, PREFILL_GRAPH_ENV, VISION_ARENA_ENV, VISION_GRAPH_ENV
 
 log = logging.getLogger("edgeocr")
 
@@ -150,12 +151,16 @@ class OrtSession:
             else:
                 self._ro_vision = vision_run_options(ort) if shrink else None
             if shared:
-                if self.cuda_graph or self.stream_priorities or self.prefill_graph or self.vision_graph:
-                    raise BackendError("EDGEOCR_CUDA_ARENA=shared needs sessions that replay no ONNX Runtime CUDA "
-                                       "graph (a captured step, prefill or vision keeps addresses in the arena: use "
-                                       "a native-step artifact, or --cuda-graph off / cuda_graph=False, and unset "
-                                       f"{PREFILL_GRAPH_ENV} and {VISION_GRAPH_ENV}) and no stream priorities "
-                                       "(unset EDGEOCR_STREAM_PRIORITIES)")
+                causes = [why for on, why in (
+                    (self.cuda_graph, "the decode step replays an ONNX Runtime CUDA graph (use a native-step "
+                                      "artifact, or --cuda-graph off / cuda_graph=False)"),
+                    (self.prefill_graph, f"{PREFILL_GRAPH_ENV}=1 (set it to 0)"),
+                    (self.vision_graph, f"{VISION_GRAPH_ENV}=1 (set it to 0)"),
+                    (self.stream_priorities, "EDGEOCR_STREAM_PRIORITIES=1 (unset it)")) if on]
+                if causes:
+                    raise BackendError("EDGEOCR_CUDA_ARENA=shared cannot serve a session that keeps addresses in the "
+                                       "arena (a captured CUDA graph) or runs on prioritized streams: "
+                                       + "; ".join(causes))
                 try:
                     share_arena(ort, so)
                 except Exception as e:  # noqa: BLE001  (onnxruntime raises its own types)
@@ -171,6 +176,7 @@ class OrtSession:
                 dec_so = _session_options(ort, device, threads)
                 dec_so.enable_mem_pattern = False
                 self.arena += " (decoder: off, its prefills replayed)"
+        self._set_cuda_stack()
         try:
             self.vision = ort.InferenceSession(str(path / art.vision.file), so, providers=providers)
             self.decoder = ort.InferenceSession(str(path / art.decoder.file), dec_so, providers=dec_providers)
@@ -187,11 +193,12 @@ class OrtSession:
         """CUDA only: the context's stack reservation (EDGEOCR_CUDA_STACK), and whether the prefill and the vision
         graph replay ONNX Runtime CUDA graphs (EDGEOCR_PREFILL_GRAPH, EDGEOCR_VISION_GRAPH; edgeocr.ort_options)."""
         self.prefill_graph = self.vision_graph = False
+        self._stack = None
         self._ro_vision = None              # CUDA: shrink the vision arena after each call, or replay its graph
         self._ro_plain = None               # a decoder run outside every CUDA graph (where the session has some)
         self._pf_graph_ro: dict[tuple[int, int], object] = {}     # (slot, prompt length) -> its graph's RunOptions
-        self._pf_graph_runs: dict[tuple[int, int], int] = {}
-        self._vision_runs = 0
+        self._pf_graph_runs: dict[tuple[int, int, int], int] = {}   # (thread, slot, prompt length) -> runs
+        self._vision_runs: dict[int, int] = {}                           # thread -> vision runs
         if self.device != "cuda":
             return
         from edgeocr.ort_options import cuda_stack_bytes, prefill_graph_wanted, shared_arena_wanted, vision_graph_wanted
@@ -202,15 +209,26 @@ class OrtSession:
                            and not shared_arena_wanted())                                           # is shared
         except ValueError as e:
             raise BackendError(str(e)) from None
-        if stack is not None:
-            from edgeocr.backends import cudart
-            cu = cudart.load()
-            cu.make_current()
-            cu.set_stack_limit(stack)
         if prefill and not (self.inplace and self._graph_select):
             raise BackendError(f"{PREFILL_GRAPH_ENV}=1 needs an artifact exported with --attention gqa "
                                "--select-on-device (the prefill writes the cache in place and selects in the graph)")
-        self.prefill_graph, self.vision_graph = prefill, vision
+        if prefill and self.step_graphs > 1:
+            raise BackendError(f"{PREFILL_GRAPH_ENV}=1 cannot serve a decoder with device-resident step state (its "
+                               "prefill writes into the step's alternating buffers): set it to 0")
+        self.prefill_graph, self.vision_graph, self._stack = prefill, vision, stack
+
+    def _set_cuda_stack(self) -> None:
+        """The context's per-thread stack reservation (EDGEOCR_CUDA_STACK), once the provider checks passed."""
+        if self.device != "cuda" or self._stack is None:
+            return
+        from edgeocr.backends import cudart
+        try:
+            cu = cudart.load()
+            cu.make_current()
+            cu.set_stack_limit(self._stack)
+        except BackendError as e:
+            raise BackendError(f"{CUDA_STACK_ENV}={self._stack}: could not set the CUDA stack limit ({e}); set "
+                               f"{CUDA_STACK_ENV}=driver to keep the driver's") from None
 
     def _want_cuda_graph(self, cuda_graph: bool | None) -> bool:
         possible = self.device == "cuda" and self.inplace and self._graph_select
@@ -277,19 +295,21 @@ class OrtSession:
             if len(self._pf_graph_ro) >= PREFILL_GRAPHS:
                 return self._ro_plain
             ro = self._pf_graph_ro[key] = _graph_run_options(self._ort, self.step_graphs + 1 + len(self._pf_graph_ro))
-        self._pf_graph_runs[key] = self._pf_graph_runs.get(key, 0) + 1
+        runs = (threading.get_ident(), slot, s)      # ONNX Runtime counts runs and keeps graphs per thread
+        self._pf_graph_runs[runs] = self._pf_graph_runs.get(runs, 0) + 1
         return ro
 
     def prefill_capture_pending(self, slot: int, s: int) -> bool:
         """Whether the next prefill of `s` tokens into `slot` may capture a CUDA graph: ONNX Runtime captures in a
         mode that another thread's CUDA calls break, so the caller keeps the device otherwise idle (edgeocr.slots)."""
         key = (slot, s)
-        return (self.prefill_graph and self._pf_graph_runs.get(key, 0) < GRAPH_CAPTURE_RUN
+        runs = self._pf_graph_runs.get((threading.get_ident(), slot, s), 0)
+        return (self.prefill_graph and runs < GRAPH_CAPTURE_RUN
                 and (key in self._pf_graph_ro or len(self._pf_graph_ro) < PREFILL_GRAPHS))
 
     def vision_capture_pending(self) -> bool:
         """Whether the next vision call may capture its CUDA graph (EDGEOCR_VISION_GRAPH; see the prefill's)."""
-        return self.vision_graph and self._vision_runs < GRAPH_CAPTURE_RUN
+        return self.vision_graph and self._vision_runs.get(threading.get_ident(), 0) < GRAPH_CAPTURE_RUN
 
     def _alloc(self) -> None:
         """Every buffer the session uses, once.  N = slots, P = prefill_len, D = head_dim, V = vocab."""
@@ -407,13 +427,14 @@ class OrtSession:
                 raise ValueError(f"pixels must be a float32 CUDA tensor of shape {dst.shape}, not "
                                  f"{pixels.data_type()} {shape} on {pixels.device_name()}")
             cu.memcpy_dtod(dst.ptr, pixels.data_ptr(), dst.nbytes)
-            self.mem.sync()             # a device-to-device cudaMemcpy returns before it is done
         else:
             arr = np.ascontiguousarray(pixels, np.float32)
             if arr.shape != dst.shape:
                 raise ValueError(f"pixels must have shape {dst.shape}, not {arr.shape}")
             self.mem.write(dst, arr)
-        self._vision_runs += 1
+        self.mem.sync()                 # the page is on the device before the graph (on its own stream) reads it
+        me = threading.get_ident()      # ONNX Runtime counts runs and keeps graphs per thread
+        self._vision_runs[me] = self._vision_runs.get(me, 0) + 1
         self.vision.run_with_iobinding(self.vision_bindings[slot], self._ro_vision)
         cu.memcpy_dtod(self.images[slot].ptr, self.vision_out.ptr, self.vision_out.nbytes)
         self.mem.sync()                 # in the slot's buffer before its prefill (on the decoder's stream) reads it
