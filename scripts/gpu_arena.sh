@@ -18,10 +18,7 @@ source "$(dirname "$0")/gpu_call_common.sh" /tmp/work
 source "$(dirname "$0")/gpu_realsize.sh"
 
 say "-- real-size FP16 export, fused for CUDA, native step"
-NATIVE=float realsize_slots 1 >> "$R/run.log" 2>&1 || { say "build failed"; exit 1; }
-F=$W/slots1-fused
-[ -f "$F-native-int8/manifest.json" ] || run native8 90 $PY -m quantize native-step "$F" "$F-native-int8" \
-  --weights int8
+realsize_native_forms >> "$R/run.log" 2>&1 || { say "build failed"; exit 1; }
 PAGES=("$ROOT"/calibration_data/eval/00000[0-3].jpg)
 [ "${#PAGES[@]}" = 4 ] && [ -f "${PAGES[3]}" ] || { say "eval pages 000000-000003.jpg not found"; exit 1; }
 

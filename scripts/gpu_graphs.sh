@@ -18,15 +18,13 @@ source "$(dirname "$0")/gpu_call_common.sh" /tmp/work
 source "$(dirname "$0")/gpu_realsize.sh"
 
 say "-- real-size FP16 export, fused for CUDA, native step"
-NATIVE=float realsize_slots 1 >> "$R/run.log" 2>&1 || { say "build failed"; exit 1; }
-F=$W/slots1-fused
-[ -f "$F-native-int8/manifest.json" ] || run native8 120 $PY -m quantize native-step "$F" "$F-native-int8" \
-  --weights int8
+realsize_native_forms >> "$R/run.log" 2>&1 || { say "build failed"; exit 1; }
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0
 PAGES=("$ROOT"/calibration_data/eval/00000[0-3].jpg)
 [ "${#PAGES[@]}" = 4 ] && [ -f "${PAGES[3]}" ] || { say "eval pages 000000-000003.jpg not found"; exit 1; }
 
-declare -A SET=([base]="" [drv]="EDGEOCR_CUDA_STACK=driver" [old]="EDGEOCR_CUDA_STACK=driver EDGEOCR_PREFILL_GRAPH=0" [pf]="EDGEOCR_PREFILL_GRAPH=1" [vg]="EDGEOCR_VISION_GRAPH=1"
+declare -A SET=([base]="" [drv]="EDGEOCR_CUDA_STACK=driver" [old]="EDGEOCR_CUDA_STACK=driver EDGEOCR_PREFILL_GRAPH=0"
+                [pf]="EDGEOCR_PREFILL_GRAPH=1" [vg]="EDGEOCR_VISION_GRAPH=1"
                 [pfvg]="EDGEOCR_PREFILL_GRAPH=1 EDGEOCR_VISION_GRAPH=1"
                 [st512]="EDGEOCR_CUDA_STACK=512" [st256]="EDGEOCR_CUDA_STACK=256" [st0]="EDGEOCR_CUDA_STACK=0"
                 [pf_st256]="EDGEOCR_PREFILL_GRAPH=1 EDGEOCR_CUDA_STACK=256"

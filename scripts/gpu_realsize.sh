@@ -33,3 +33,12 @@ realsize_slots() {
     SLOTS_ART=$SLOTS_ART-native-$NATIVE
   fi
 }
+# realsize_native_forms: the one-slot fused artifact's two native-step forms, FP16 weights ($W/slots1-fused-native-float)
+# and 8-bit weights and embedding ($W/slots1-fused-native-int8); sets F=$W/slots1-fused (what gpu_arena.sh and
+# gpu_graphs.sh measure).
+realsize_native_forms() {
+  NATIVE=float realsize_slots 1 || return 1
+  F=$W/slots1-fused
+  [ -f "$F-native-int8/manifest.json" ] || _last_line ${PY:-python3} -m quantize native-step "$F" "$F-native-int8" \
+      --weights int8 || return 1
+}
