@@ -198,13 +198,10 @@ class SlotScheduler:
             raise RuntimeError("admit() with no free slot")
         slot = self.pages.index(None)
         t_admit = time.perf_counter()
-        if page.prep.blank:                   # no ink: an empty result at once, reported by the next step()
-            seq = Sequence(prompt_ids=_NO_PROMPT, options=page.options, stop_ids=frozenset(), penalty=1.0,
-                           finish_reason=FinishReason.BLANK)
-            held = _Slot(tag, seq, page.prep, page.task, 0.0, t_admit, t_first=time.perf_counter(), done=True)
-            self.pages[slot] = held
-            self._pending.append(SlotEvent(tag, None, "", self._result(held)))
+        if page.prep.blank_known() and page.prep.blank:   # no ink: an empty result, reported by the next step()
+            self._finish_blank(slot, tag, page, t_admit, self._pending)
             return
+        # a blank check still under way is read once the page's vision has run (the two overlap)
         seq = Sequence(prompt_ids=page.prompt.ids, options=page.options, stop_ids=page.stop_ids,
                        penalty=page.penalty, next_check=page.options.tail_min_chars)
         held = _Slot(tag, seq, page.prep, page.task, 0.0, t_admit, page=page)
@@ -220,8 +217,20 @@ class SlotScheduler:
             return
         self._vision.drain()              # a vision still in flight (a cancelled page's) may write this slot
         held.vision_ms = self._encode(page.prep, slot)
+        if page.prep.blank:
+            self._finish_blank(slot, tag, page, t_admit, self._pending)
+            return
         self._prefill(slot, held, self._pending)
         self.pages[slot] = held
+
+    def _finish_blank(self, slot: int, tag, page: Page, t_admit: float, events: list[SlotEvent]) -> None:
+        """A page with no ink takes `slot` finished, with an empty result (finish_reason "blank", no token)
+        reported by the next step(); the model's prefill and decode are not run for it."""
+        seq = Sequence(prompt_ids=_NO_PROMPT, options=page.options, stop_ids=frozenset(), penalty=1.0,
+                       finish_reason=FinishReason.BLANK)
+        held = _Slot(tag, seq, page.prep, page.task, 0.0, t_admit, t_first=time.perf_counter(), done=True)
+        self.pages[slot] = held
+        events.append(SlotEvent(tag, None, "", self._result(held)))
 
     def _encode(self, prep: Prepared, slot: int) -> float:
         """The page's vision graph into `slot`'s image buffer; its wall time, ms."""
@@ -229,10 +238,13 @@ class SlotScheduler:
         self.session.encode_image(self.preparer.pixels(prep), slot)
         return (time.perf_counter() - t0) * 1e3
 
-    def _encode_and_prefill(self, page: Page, slot: int) -> tuple[float, float, int, float]:
+    def _encode_and_prefill(self, page: Page, slot: int) -> tuple[float, float, int, float] | None:
         """Prefill beside, on the worker: the page's vision, then its prefill on the session's second decoder
-        session.  Returns (vision ms, prefill ms, first token, perf_counter when it was chosen)."""
+        session.  Returns (vision ms, prefill ms, first token, perf_counter when it was chosen); None for a blank
+        page (not prefilled)."""
         vision_ms = self._encode(page.prep, slot)
+        if page.prep.blank:                   # no ink: no prefill (_start_ready finishes the page)
+            return None
         t0 = time.perf_counter()
         tok = self.selection.first_beside(slot, page.prompt.ids, page.penalty, page.prompt.cos, page.prompt.sin)
         t1 = time.perf_counter()
@@ -275,13 +287,16 @@ class SlotScheduler:
             if not held.vision.done():
                 continue
             try:
+                done = held.vision.result()
+                held.vision = None
+                if held.page.prep.blank:          # no ink (checked while its vision ran): no prefill
+                    self._finish_blank(i, held.tag, held.page, held.t_admit, events)
+                    continue
                 if self.prefill_beside:           # prefilled on the worker too: its first token is ready
-                    held.vision_ms, held.seq.prefill_ms, tok, t_first = held.vision.result()
-                    held.vision = None
+                    held.vision_ms, held.seq.prefill_ms, tok, t_first = done
                     self._started(held, tok, t_first, events)
                     continue
-                held.vision_ms = held.vision.result()
-                held.vision = None
+                held.vision_ms = done
                 self._prefill(i, held, events)
             except Exception as e:                # an admission error: reported through `failed` (drive)
                 self.pages[i] = None

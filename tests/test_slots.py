@@ -616,3 +616,59 @@ def test_prefill_beside_guards(slot_arts, monkeypatch):
     assert not other.scheduler(vision_ahead=True).prefill_beside
     with pytest.raises(BackendError, match="on purpose"):
         other.scheduler(vision_ahead=True, prefill_beside=True)
+
+
+@pytest.mark.parametrize("mode", ["in line", "vision ahead", "prefill beside"])
+def test_blank_check_still_running_at_admission(slot_arts, mode):
+    """A page whose blank check (on the preparer's worker) has not finished when it is admitted: its vision
+    runs meanwhile, then the check says blank and the page ends empty without a prefill; the pages around it
+    get their tokens alone.  A check that fails is that page's admission error."""
+    import threading
+    from concurrent.futures import Future
+
+    from edgeocr.decode import FinishReason
+
+    model = OCRModel(slot_arts["gqa-select"])
+    opts = DecodeOptions(max_new_tokens=7, repetition_penalty=1.3)
+    a, b = _pages(2)
+    alone = [model.recognize(p, options=opts).token_ids for p in (a, b)]
+    kw = {"in line": {}, "vision ahead": {"vision_ahead": True},
+          "prefill beside": {"vision_ahead": True, "prefill_beside": True}}[mode]
+    for outcome in (True, ValueError("unreadable page")):
+        sched = model.scheduler(**kw)
+        reqs = [("a", model.page(a, options=opts)), ("blank", model.page(np.full((300, 200, 3), 240, np.uint8),
+                                                                            options=opts)),
+                ("b", model.page(b, options=opts))]
+        pending = Future()
+        held = reqs[1][1].prep
+        held.blank_check = pending
+        assert not held.blank_known()
+        # a scheduler that waited for the check before the vision would wait here for good: end it in 5 s
+        # (the page is then finished without its vision, and the counts below fail)
+        timer = threading.Timer(5.0, lambda pending=pending: pending.done() or pending.set_result(True))
+        timer.start()
+        encoded, prefilled = [], []
+        real_encode, sel = sched._encode, sched.selection
+
+        def encode(prep, slot, real_encode=real_encode, pending=pending, held=held):
+            ms = real_encode(prep, slot)
+            encoded.append(prep is held)
+            if prep is held:               # the check ends after the page's vision
+                pending.set_exception(outcome) if isinstance(outcome, Exception) else pending.set_result(outcome)
+            return ms
+        sched._encode = encode
+        for name in ("first", "first_beside"):
+            if hasattr(sel, name):
+                real = getattr(sel, name)
+                setattr(sel, name, lambda *args, real=real: (prefilled.append(1), real(*args))[1])
+        errors = []
+        done = _run(sched, reqs, lambda tag, e: errors.append((tag, str(e))))
+        timer.cancel()
+        assert [done["a"].token_ids, done["b"].token_ids] == alone and sched.idle()
+        assert encoded.count(True) == 1 and len(encoded) == 3 and len(prefilled) == 2
+        if outcome is True:
+            r = done["blank"]
+            assert r.finish_reason is FinishReason.BLANK and (r.text, r.token_ids, r.prompt_tokens) == ("", [], 0)
+            assert not errors
+        else:
+            assert "blank" not in done and errors == [("blank", "unreadable page")]
