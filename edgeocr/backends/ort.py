@@ -148,9 +148,6 @@ class OrtSession:
                     raise BackendError(f"{VISION_GRAPH_ENV}=1 keeps the vision arena (a captured graph keeps its "
                                        f"activations' addresses): unset {VISION_ARENA_ENV}=shrink")
                 shrink = False
-                # the session's first vision call alone hands its chunks back: the next (ONNX Runtime's memory
-                # pattern, one block for the whole plan) is what the captured run reuses, and all it keeps
-                self._ro_vision_first = vision_run_options(ort)
             else:
                 self._ro_vision = vision_run_options(ort) if shrink else None
             if shared:
@@ -198,7 +195,6 @@ class OrtSession:
         self.prefill_graph = self.vision_graph = False
         self._stack = None
         self._ro_vision = None              # CUDA: shrink the vision arena after each call, or replay its graph
-        self._ro_vision_first = None        # the vision graph: shrink after the session's first call only
         self._ro_plain = None               # a decoder run outside every CUDA graph (where the session has some)
         self._pf_graph_ro: dict[tuple[int, int], object] = {}     # (slot, prompt length) -> its graph's RunOptions
         self._pf_graph_runs: dict[tuple[int, int, int], int] = {}   # (thread, slot, prompt length) -> runs
@@ -439,8 +435,7 @@ class OrtSession:
         self.mem.sync()                 # the page is on the device before the graph (on its own stream) reads it
         me = threading.get_ident()      # ONNX Runtime counts runs and keeps graphs per thread
         self._vision_runs[me] = self._vision_runs.get(me, 0) + 1
-        first = sum(self._vision_runs.values()) == 1      # no graph captured yet, by any thread
-        self.vision.run_with_iobinding(self.vision_bindings[slot], self._ro_vision_first if first else None)
+        self.vision.run_with_iobinding(self.vision_bindings[slot], self._ro_vision)
         cu.memcpy_dtod(self.images[slot].ptr, self.vision_out.ptr, self.vision_out.nbytes)
         self.mem.sync()                 # in the slot's buffer before its prefill (on the decoder's stream) reads it
 
