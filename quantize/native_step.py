@@ -415,10 +415,9 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
     written = {m.decoder.file, m.decoder.file + ".data"}
     vision_report = {"weights": "float"}
     if vision == "int8":
-        from quantize.weight_int8 import quantize_matmuls
+        from quantize.weight_int8 import kept_matmuls, quantize_matmuls
         vg = load_graph(src / m.vision.file)
-        keep = [n.name for n in vg.graph.node if n.op_type == "MatMul" and "rope_rotate_half" in n.input[1]]
-        qv, qdone, eligible = quantize_matmuls(vg, BLOCK, keep, 8, None)
+        qv, qdone, eligible = quantize_matmuls(vg, BLOCK, kept_matmuls(vg), 8, None)
         if qdone == 0:
             raise ValueError(f"{src / m.vision.file}: no MatMul with a constant weight to quantize (--vision float "
                              "keeps the vision graph as it is)")

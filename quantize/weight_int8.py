@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgeocr import artifact as af
+from quantize.fuse import PATCH_MATMUL
 
 log = logging.getLogger("quantize")
 
@@ -86,6 +87,14 @@ def weight_first_matmuls(model) -> list[str]:
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     return done
+
+
+def kept_matmuls(model) -> list[str]:
+    """MatMul nodes with a constant weight that stay at the artifact's precision: the RoPE rotate-half matrix (a
+    +-1 permutation, not a weight: left exact) and the patch embedding (a Conv before quantize.fuse made it a
+    MatMul; it stays as it was)."""
+    return [n.name for n in model.graph.node if n.op_type == "MatMul"
+            and ("rope_rotate_half" in n.input[1] or n.name.endswith(PATCH_MATMUL))]
 
 
 def quantize_matmuls(model, block_size: int, keep: list[str] = (), bits: int = 8, accuracy_level: int | None = None):
@@ -206,8 +215,7 @@ def build_weight_int8(src_artifact: Path, out: Path, block_size: int = 32, lm_he
             flipped = weight_first_matmuls(model)
             if flipped:
                 say(f"decoder: {', '.join(flipped)} also stored as [in, out] for its MatMul (the tied lm_head)")
-        # the RoPE rotate-half matrix is a +-1 permutation, not a weight: left exact
-        keep = [n.name for n in model.graph.node if n.op_type == "MatMul" and "rope_rotate_half" in n.input[1]]
+        keep = kept_matmuls(model)
         if dynamic:
             qm, done, eligible = quantize_matmuls_dynamic(src_artifact / g, keep)
             form = {"op": "MatMulInteger",

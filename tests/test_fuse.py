@@ -115,6 +115,12 @@ def test_portable_fusions_fire(fast):
     assert vis["Erf"] == 0 and vis["BiasGelu"] == 2 and vis["Gelu"] == 1
     g = onnx.load(str(fast["a-portable"] / "vision.onnx"), load_external_data=False).graph
     assert all(len(n.input) == 4 for n in g.node if n.op_type == "MultiHeadAttention")       # bias input
+    # q, k and v straight from their own MatMuls (no Split); the patch embedding one MatMul, not a Conv (the
+    # patch merger's two Convs stay)
+    made_by = {o: n for n in g.node for o in n.output}
+    assert vis_before["Split"] == 2 and vis["Split"] == 0 and vis["Conv"] == vis_before["Conv"] - 1 == 2
+    assert all(made_by[x].op_type == "MatMul" for n in g.node if n.op_type == "MultiHeadAttention"
+               for x in n.input[:3])
     assert all(len(n.input) == 5 for n in g.node if n.op_type == "SkipLayerNormalization")   # bias input
     assert sum(vis.values()) < 0.5 * sum(vis_before.values()) and sum(dec.values()) < 0.5 * sum(dec_before.values())
 
@@ -209,7 +215,9 @@ def test_fused_artifact_gives_identical_tokens(fast, which):
 def test_manifest_records_the_fusions(fast):
     m = read_manifest(fast["a16-cuda"])
     f = m.export["fusion"]
-    assert f["target"] == "cuda" and f["version"] == 3 and m.precision == "fp16"
+    assert f["target"] == "cuda" and f["version"] == 4 and m.precision == "fp16"
+    vis = f["graphs"]["vision"]["passes"]
+    assert vis["attention_qkv"] == 2 and vis["patch_gemm"] == 1 and f["options"]["vision_gemms"]
     passes = f["graphs"]["decoder"]["passes"]
     assert passes["gqa_qk_norm"] == 2 and passes["rope"] == 2 and passes["gate_up"] == 2 and "swiglu" not in passes
     assert f["graphs"]["decoder"]["nodes_after"] < f["graphs"]["decoder"]["nodes_before"]
@@ -242,6 +250,10 @@ def test_weight_int8_after_fusion_runs_and_tracks(fast, tmp_path):
     assert m.export["fusion"]["target"] == "portable"
     assert _ops(w8 / "decoder.onnx")["SkipSimplifiedLayerNormalization"] == 3
     assert _ops(w8 / "vision.onnx")["MatMulNBits"] == m.export["weight_int8"]["graphs"]["vision"]["matmuls_quantized"]
+    # the patch embedding (fused from a Conv into a MatMul) keeps the artifact's precision, as its Conv did
+    patch = [n for n in onnx.load(str(w8 / "vision.onnx"), load_external_data=False).graph.node
+             if n.name.endswith("_patch_matmul")]
+    assert [n.op_type for n in patch] == ["MatMul"]
     image = make_image(8, (500, 700))
     o = DecodeOptions(max_new_tokens=4, ignore_stop=True)
     a = OCRModel(fast["a-portable"]).recognize(image, options=o)
@@ -315,3 +327,12 @@ def test_an_older_cuda_fusion_with_slots_is_refused(fast, tmp_path):
     (art / "manifest.json").write_text(json.dumps(raw))
     with pytest.raises(ArtifactError, match="fuse the exported artifact again"):
         OCRModel(art)
+
+
+def test_vision_gemms_can_be_left_out(fast):
+    """FuseOptions(vision_gemms=False) (`--no-vision-gemms`) keeps the q|k|v Split and the patch Conv."""
+    from quantize.fuse import fuse_vision, load_graph
+    model = load_graph(fast["a"] / "vision.onnx")
+    passes = fuse_vision(model, FuseOptions(vision_gemms=False))
+    ops = Counter(n.op_type for n in model.graph.node)
+    assert "attention_qkv" not in passes and ops["Split"] == 2 and ops["Conv"] == 3
