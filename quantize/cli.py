@@ -162,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="cuda (default): also ops only ONNX Runtime's CUDA EP runs; portable: every EP, CPU included")
     f.add_argument("--no-gqa-qk-norm", action="store_true",
                    help="cuda target: keep q|k|v split and the Q/K norms outside GroupQueryAttention")
+    f.add_argument("--no-attention-bias", action="store_true",
+                   help="vision: keep the q|k|v bias Add in front of MultiHeadAttention")
+    f.add_argument("--no-vision-gemms", action="store_true",
+                   help="vision: keep the q|k|v MatMul + Split and the patch embedding's Conv")
     ss = sub.add_parser("step-state", help="gqa + in-graph-selection artifact -> the same artifact whose decode "
                         "step reads and advances its own state in device buffers (no host-to-device copy a step)")
     ss.add_argument("artifact", type=Path, help="the artifact directory to read")
@@ -262,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "fuse":
             from quantize.fuse import FuseOptions, fuse_artifact
             _print_sizes(fuse_artifact(args.artifact, args.out, FuseOptions(
-                target=args.target, gqa_qk_norm=not args.no_gqa_qk_norm),
+                target=args.target, gqa_qk_norm=not args.no_gqa_qk_norm,
+                attention_bias=not args.no_attention_bias, vision_gemms=not args.no_vision_gemms),
                 progress=_progress), args.out)
         elif args.cmd == "step-state":
             from quantize.step_state import step_state_artifact
