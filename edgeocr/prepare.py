@@ -54,6 +54,10 @@ class Prepared:
         b = self.blank_check
         return bool(b.result()) if isinstance(b, Future) else bool(b)
 
+    @blank.setter
+    def blank(self, value: bool) -> None:
+        self.blank_check = bool(value)
+
     def blank_known(self) -> bool:
         return not isinstance(self.blank_check, Future) or self.blank_check.done()
 

@@ -190,8 +190,9 @@ class SlotScheduler:
 
     def admit(self, page: Page, tag) -> None:
         """Encode and prefill a prepared `page` into a free slot.  Its first token is reported by the next
-        step().  A blank page (`prep.blank`) is finished here without running the model: the next step()
-        reports its empty result (finish_reason "blank", no token)."""
+        step().  A blank page (`prep.blank`) is not decoded: the next step() reports its empty result
+        (finish_reason "blank", no token); where its blank check (on the preparer's worker) is still under way,
+        its vision runs meanwhile and the check is read before its prefill, which it then skips."""
         if not isinstance(page, Page):
             raise TypeError(f"admit() takes a prepared Page, not {type(page).__name__} (OCRModel.page makes one)")
         if None not in self.pages:
@@ -218,17 +219,19 @@ class SlotScheduler:
         self._vision.drain()              # a vision still in flight (a cancelled page's) may write this slot
         held.vision_ms = self._encode(page.prep, slot)
         if page.prep.blank:
-            self._finish_blank(slot, tag, page, t_admit, self._pending)
+            self._finish_blank(slot, tag, page, t_admit, self._pending, held.vision_ms)
             return
         self._prefill(slot, held, self._pending)
         self.pages[slot] = held
 
-    def _finish_blank(self, slot: int, tag, page: Page, t_admit: float, events: list[SlotEvent]) -> None:
+    def _finish_blank(self, slot: int, tag, page: Page, t_admit: float, events: list[SlotEvent],
+                      vision_ms: float = 0.0) -> None:
         """A page with no ink takes `slot` finished, with an empty result (finish_reason "blank", no token)
-        reported by the next step(); the model's prefill and decode are not run for it."""
+        reported by the next step(); the model's prefill and decode are not run for it (its vision has run
+        where the blank check was still under way at admission: vision_ms)."""
         seq = Sequence(prompt_ids=_NO_PROMPT, options=page.options, stop_ids=frozenset(), penalty=1.0,
                        finish_reason=FinishReason.BLANK)
-        held = _Slot(tag, seq, page.prep, page.task, 0.0, t_admit, t_first=time.perf_counter(), done=True)
+        held = _Slot(tag, seq, page.prep, page.task, vision_ms, t_admit, t_first=time.perf_counter(), done=True)
         self.pages[slot] = held
         events.append(SlotEvent(tag, None, "", self._result(held)))
 
@@ -238,13 +241,13 @@ class SlotScheduler:
         self.session.encode_image(self.preparer.pixels(prep), slot)
         return (time.perf_counter() - t0) * 1e3
 
-    def _encode_and_prefill(self, page: Page, slot: int) -> tuple[float, float, int, float] | None:
+    def _encode_and_prefill(self, page: Page, slot: int) -> tuple[float, float, int, float]:
         """Prefill beside, on the worker: the page's vision, then its prefill on the session's second decoder
-        session.  Returns (vision ms, prefill ms, first token, perf_counter when it was chosen); None for a blank
-        page (not prefilled)."""
+        session.  Returns (vision ms, prefill ms, first token, perf_counter when it was chosen); for a blank page
+        (not prefilled) (vision ms, 0, -1, 0)."""
         vision_ms = self._encode(page.prep, slot)
         if page.prep.blank:                   # no ink: no prefill (_start_ready finishes the page)
-            return None
+            return vision_ms, 0.0, -1, 0.0
         t0 = time.perf_counter()
         tok = self.selection.first_beside(slot, page.prompt.ids, page.penalty, page.prompt.cos, page.prompt.sin)
         t1 = time.perf_counter()
@@ -290,7 +293,8 @@ class SlotScheduler:
                 done = held.vision.result()
                 held.vision = None
                 if held.page.prep.blank:          # no ink (checked while its vision ran): no prefill
-                    self._finish_blank(i, held.tag, held.page, held.t_admit, events)
+                    self._finish_blank(i, held.tag, held.page, held.t_admit, events,
+                                       done[0] if self.prefill_beside else done)
                     continue
                 if self.prefill_beside:           # prefilled on the worker too: its first token is ready
                     held.vision_ms, held.seq.prefill_ms, tok, t_first = done

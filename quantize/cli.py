@@ -164,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="cuda target: keep q|k|v split and the Q/K norms outside GroupQueryAttention")
     f.add_argument("--no-attention-bias", action="store_true",
                    help="vision: keep the q|k|v bias Add in front of MultiHeadAttention")
-    f.add_argument("--no-vision-gemms", action="store_true",
-                   help="vision: keep the q|k|v MatMul + Split and the patch embedding's Conv")
+    f.add_argument("--vision-gemms", action="store_true",
+                   help="vision: q, k, v as three MatMuls (no Split) and the patch embedding's Conv as a MatMul "
+                        "(faster vision, more device memory: docs/perf.md)")
     ss = sub.add_parser("step-state", help="gqa + in-graph-selection artifact -> the same artifact whose decode "
                         "step reads and advances its own state in device buffers (no host-to-device copy a step)")
     ss.add_argument("artifact", type=Path, help="the artifact directory to read")
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             from quantize.fuse import FuseOptions, fuse_artifact
             _print_sizes(fuse_artifact(args.artifact, args.out, FuseOptions(
                 target=args.target, gqa_qk_norm=not args.no_gqa_qk_norm,
-                attention_bias=not args.no_attention_bias, vision_gemms=not args.no_vision_gemms),
+                attention_bias=not args.no_attention_bias, vision_gemms=args.vision_gemms),
                 progress=_progress), args.out)
         elif args.cmd == "step-state":
             from quantize.step_state import step_state_artifact

@@ -20,8 +20,10 @@ target "portable" (ops every ONNX Runtime execution provider implements, CPU inc
   rope             x*cos + (x@R)*sin (Mul, MatMul, Mul, Add) -> (x * [cos|sin']) @ [I; R] (Mul, MatMul), the
                    [cos|sin'] table built once per run for every layer
   gate_up          gate|up MatMul + two Slices -> two MatMuls over the weight's halves (no slice kernels)
-  attention_qkv    vision: q|k|v MatMul + Split -> three MatMuls feeding MultiHeadAttention (no Split kernel)
-  patch_gemm       vision: the patch embedding's Conv (stride = kernel) -> patch rows @ W + bias (one GEMM)
+  attention_qkv    vision, opt-in (--vision-gemms): q|k|v MatMul + Split -> three MatMuls feeding
+                   MultiHeadAttention (no Split kernel)
+  patch_gemm       vision, opt-in (--vision-gemms): the patch embedding's Conv (stride = kernel) -> patch rows
+                   @ W + bias (one GEMM)
 target "cuda" adds ops that only ONNX Runtime's CUDA execution provider implements (the CPU provider
 rejects them at load):
   gqa_qk_norm      q|k|v stays one packed tensor (no Split): RoPE runs over all heads with cos/sin tables that
@@ -50,7 +52,7 @@ from edgeocr.errors import EdgeOCRError
 log = logging.getLogger("edgeocr.quantize")
 
 FUSION_VERSION = 4            # 2: rope and gate_up passes, no SwiGLU (ORT 1.31 CUDA lacks it); 3: packed-QKV
-                              # reshapes keep the batch (2 ran one slot only); 4: vision q|k|v and patch GEMMs
+                              # reshapes keep the batch (2 ran one slot only); 4: the vision GEMM passes (opt-in)
 TARGETS = ("portable", "cuda")
 MS = "com.microsoft"
 _FLOAT, _FLOAT16 = 1, 10            # onnx.TensorProto element types
@@ -61,7 +63,8 @@ class FuseOptions:
     target: str = "cuda"            # "portable" (every ONNX Runtime EP) or "cuda" (adds CUDA-EP-only ops)
     gqa_qk_norm: bool = True        # cuda: packed q|k|v, Q/K RMSNorm inside GroupQueryAttention
     attention_bias: bool = True     # vision: q|k|v bias into MultiHeadAttention (its bias input)
-    vision_gemms: bool = True       # vision: q, k, v as three MatMuls (no Split); the patch Conv as a MatMul
+    vision_gemms: bool = False      # vision: q, k, v as three MatMuls (no Split); the patch Conv as a MatMul
+    #                                 (opt-in: on an H100 vision 1.1 ms faster, its session 108 MiB larger; perf.md)
 
     def validate(self) -> None:
         if self.target not in TARGETS:
@@ -430,7 +433,12 @@ def unpack_attention_qkv(om) -> int:
         w = None if mm is None else _const(om, mm.input[1])
         if w is None or w.ndim != 2 or len(in2nodes.get(mm.output[0], [])) != 1:
             continue
-        sizes = _const(om, split.input[1]) if len(split.input) > 1 and split.input[1] else _attr(split, "split")
+        if len(split.input) > 1 and split.input[1]:
+            sizes = _const(om, split.input[1])
+            if sizes is None:                       # sizes computed in the graph: not matched
+                continue
+        else:
+            sizes = _attr(split, "split")
         sizes = [w.shape[1] // 3] * 3 if sizes is None else [int(x) for x in np.asarray(sizes).reshape(-1)]
         if len(sizes) != 3 or sum(sizes) != w.shape[1]:
             continue
@@ -444,6 +452,18 @@ def unpack_attention_qkv(om) -> int:
         n += 1
         out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
     return n
+
+
+def _input_dims(om, name: str) -> list[int] | None:
+    """The static dims of graph input `name`, followed back through Casts; None where not known."""
+    out2node = om.output_name_to_node()
+    while (node := _parent(out2node, name, "Cast")) is not None:
+        name = node.input[0]
+    for i in om.model.graph.input:
+        if i.name == name:
+            dims = i.type.tensor_type.shape.dim
+            return [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    return None
 
 
 PATCH_MATMUL = "_patch_matmul"      # the patch embedding's MatMul node name ends so (quantize.weight_int8 keeps it)
@@ -460,13 +480,15 @@ def patch_conv_as_matmul(om) -> int:
     n = 0
     for conv in list(om.get_nodes_by_op_type("Conv")):
         w = _const(om, conv.input[1])
-        b = _const(om, conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+        has_bias = len(conv.input) > 2 and bool(conv.input[2])
         if w is None or w.ndim != 4 or w.shape[2] != w.shape[3]:
             continue
         c, ci, p = w.shape[0], w.shape[1], w.shape[2]
+        auto_pad = _attr(conv, "auto_pad", b"NOTSET")
         if (list(_attr(conv, "strides", [1, 1])) != [p, p] or list(_attr(conv, "kernel_shape", [p, p])) != [p, p]
                 or any(_attr(conv, "pads", [0] * 4)) or _attr(conv, "group", 1) != 1
-                or any(d != 1 for d in _attr(conv, "dilations", [1, 1])) or p == 1):
+                or any(d != 1 for d in _attr(conv, "dilations", [1, 1])) or p == 1
+                or (auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad) not in ("NOTSET", "VALID")):
             continue
         users = in2nodes.get(conv.output[0], [])
         rs = users[0] if len(users) == 1 and users[0].op_type == "Reshape" else None
@@ -475,8 +497,9 @@ def patch_conv_as_matmul(om) -> int:
         tr = tusers[0] if len(tusers) == 1 and tusers[0].op_type == "Transpose" else None
         if shape is None or tr is None or list(_attr(tr, "perm", [])) != [0, 2, 1] or shape.size != 3:
             continue
-        grid = int(round(np.sqrt(int(shape[2]))))
-        if int(shape[0]) != 1 or int(shape[1]) != c or grid * grid != int(shape[2]):
+        grid = int(round(np.sqrt(int(shape[2])))) if int(shape[2]) > 0 else 0
+        if (int(shape[0]) != 1 or int(shape[1]) != c or grid == 0 or grid * grid != int(shape[2])
+                or _input_dims(om, conv.input[0]) != [1, ci, grid * p, grid * p]):
             continue
         tag = conv.name or "patch_embed"
         k = _init(om, w.reshape(c, ci * p * p).T, f"{conv.input[1]}_as_matmul")
@@ -486,7 +509,7 @@ def patch_conv_as_matmul(om) -> int:
                  helper.make_node("Transpose", [tag + "_grid"], [tag + "_patches"], name=tag + "_patches",
                                   perm=[0, 2, 4, 1, 3, 5]),
                  helper.make_node("Reshape", [tag + "_patches", s3], [tag + "_rows"], name=tag + "_rows")]
-        if b is None:
+        if not has_bias:
             nodes.append(helper.make_node("MatMul", [tag + "_rows", k], [tr.output[0]], name=tag + PATCH_MATMUL))
         else:
             nodes += [helper.make_node("MatMul", [tag + "_rows", k], [tag + "_proj"], name=tag + PATCH_MATMUL),
@@ -875,8 +898,9 @@ def main(argv=None) -> int:
                     help="cuda target: keep q|k|v split and the Q/K norms outside GroupQueryAttention")
     ap.add_argument("--no-attention-bias", action="store_true",
                     help="vision: keep the q|k|v bias Add in front of MultiHeadAttention")
-    ap.add_argument("--no-vision-gemms", action="store_true",
-                    help="vision: keep the q|k|v MatMul + Split and the patch embedding's Conv")
+    ap.add_argument("--vision-gemms", action="store_true",
+                    help="vision: q, k, v as three MatMuls (no Split) and the patch embedding's Conv as a MatMul "
+                         "(faster vision, more device memory: docs/perf.md)")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     logging.getLogger("onnxruntime.transformers").setLevel(logging.WARNING)
@@ -884,7 +908,7 @@ def main(argv=None) -> int:
         fuse_artifact(a.artifact, a.out, FuseOptions(target=a.target,
                                                      gqa_qk_norm=not a.no_gqa_qk_norm,
                                                      attention_bias=not a.no_attention_bias,
-                                                     vision_gemms=not a.no_vision_gemms))
+                                                     vision_gemms=a.vision_gemms))
     except (ValueError, EdgeOCRError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

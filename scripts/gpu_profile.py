@@ -82,11 +82,12 @@ def profile_cuda(artifact: str, steps: int, cuda_graph: bool) -> list[dict]:
             wall = (time.perf_counter() - t) * 1e3
         return [(e.name, e.device_time) for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA], wall
 
-    s.encode_image(prep.pixels)                     # warm-up (and graph capture)
+    pixels = m.preparer.pixels(prep)                # what the vision graph takes (on CUDA: letterboxed on the GPU)
+    s.encode_image(pixels)                          # warm-up (and graph capture)
     prefill()
     decode(8)
     torch.cuda.synchronize()
-    out = [_summary("vision", *profiled(lambda: s.encode_image(prep.pixels)))]
+    out = [_summary("vision", *profiled(lambda: s.encode_image(pixels)))]
     out.append(_summary(f"prefill ({len(ids)} tokens)", *profiled(prefill)))
     ks, wall = profiled(lambda: decode(steps))
     out.append(_summary("decode", ks, wall, per=steps))

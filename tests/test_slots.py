@@ -669,6 +669,6 @@ def test_blank_check_still_running_at_admission(slot_arts, mode):
         if outcome is True:
             r = done["blank"]
             assert r.finish_reason is FinishReason.BLANK and (r.text, r.token_ids, r.prompt_tokens) == ("", [], 0)
-            assert not errors
+            assert r.timings_ms["vision"] > 0 and not errors          # its vision ran, and is reported
         else:
             assert "blank" not in done and errors == [("blank", "unreadable page")]
