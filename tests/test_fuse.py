@@ -365,7 +365,8 @@ def test_patch_gemm_leaves_other_convs():
         wt = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 2, 2], np.ones(48, np.float32))
         shape = helper.make_tensor("s", TensorProto.INT64, [3], [1, 4, n])
         nodes = [helper.make_node("Conv", ["x", "w"], ["c"], strides=[2, 2], kernel_shape=[2, 2], pads=pads),
-                 helper.make_node("Reshape", ["c", "s"], ["r"]), helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1])]
+                 helper.make_node("Reshape", ["c", "s"], ["r"]),
+                 helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1])]
         g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, h, w])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [wt, shape])
         return _onnx_model(helper.make_model(g))
