@@ -19,6 +19,7 @@ of need.
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
 import threading
@@ -84,7 +85,7 @@ def _forget_blank_pool() -> None:          # a forked child has none of the pare
 os.register_at_fork(after_in_child=_forget_blank_pool)
 
 
-class Preparer:
+class Preparer(abc.ABC):
     """Turns an image (path, bytes, preprocess.ImageBytes, numpy array, PIL image; a Prepared passes through)
     into a Prepared.  `__call__` is host work and thread-safe; `pixels` runs where the model runs, at admission.
     Encoded images larger than `max_pixels` are refused from their header (an ImageBytes carries its own limit);
@@ -116,9 +117,9 @@ class Preparer:
         img = preprocess.load_image(image, self.max_pixels)
         return img, img.size
 
+    @abc.abstractmethod
     def _fit(self, img, size):
         """-> (pixels, letterbox, the page's pixels [h, w, 3] uint8 for the blank check)."""
-        raise NotImplementedError
 
 
 class ExactPreparer(Preparer):

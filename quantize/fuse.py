@@ -64,7 +64,8 @@ class FuseOptions:
     gqa_qk_norm: bool = True        # cuda: packed q|k|v, Q/K RMSNorm inside GroupQueryAttention
     attention_bias: bool = True     # vision: q|k|v bias into MultiHeadAttention (its bias input)
     vision_gemms: bool = False      # vision: q, k, v as three MatMuls (no Split); the patch Conv as a MatMul
-    #                                 (opt-in: on an H100 vision 1.1 ms faster, its session 108 MiB larger; perf.md)
+    #                                 (opt-in: on an H100 vision 1.1 ms faster, but its ONNX Runtime
+    #                                 InferenceSession 108 MiB larger at load: docs/perf.md section 17)
 
     def validate(self) -> None:
         if self.target not in TARGETS:
@@ -415,11 +416,19 @@ def fold_attention_bias(om) -> int:
     return n
 
 
+def _column_matmuls(om, mm, w: np.ndarray, blocks: list[tuple[str, str, int, int, str]]) -> list:
+    """MatMul `mm` (x @ w) as one MatMul per column block of w: blocks are (weight suffix, node suffix, first
+    column, end column, output name); the same bytes read, no kernel to cut its output apart."""
+    from onnx import helper
+
+    return [helper.make_node("MatMul", [mm.input[0], _init(om, w[:, a:b], f"{mm.input[1]}_{wname}")], [out],
+                             name=f"{mm.name}_{nname}") for wname, nname, a, b, out in blocks]
+
+
 def unpack_attention_qkv(om) -> int:
     """MatMul(x, W[C, 3C]) -> Split(q, k, v) -> MultiHeadAttention(q, k, v[, bias]) becomes three MatMuls over
     W's column blocks feeding the op directly: the same bytes read, no Split kernel (ONNX Runtime's
     _SplitSmallInnerKernel took 34 us a layer over the real vision graph's [4,096, 3,456] on an H100)."""
-    from onnx import helper
 
     out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
     n = 0
@@ -442,13 +451,10 @@ def unpack_attention_qkv(om) -> int:
         sizes = [w.shape[1] // 3] * 3 if sizes is None else [int(x) for x in np.asarray(sizes).reshape(-1)]
         if len(sizes) != 3 or sum(sizes) != w.shape[1]:
             continue
-        nodes, start = [], 0
-        for part, size, out in zip("qkv", sizes, split.output):
-            wk = _init(om, w[:, start:start + size], f"{mm.input[1]}_{part}")
-            nodes.append(helper.make_node("MatMul", [mm.input[0], wk], [out], name=f"{mm.name}_{part}"))
-            start += size
+        ends = np.cumsum(sizes)
+        blocks = [(part, part, int(e - n), int(e), out) for part, n, e, out in zip("qkv", sizes, ends, split.output)]
         om.remove_nodes([mm, split])
-        om.add_nodes(nodes)
+        om.add_nodes(_column_matmuls(om, mm, w, blocks))
         n += 1
         out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
     return n
@@ -631,7 +637,6 @@ def unpack_gate_up(om) -> int:
     weight: the same bytes read, two slice kernels fewer per layer (ONNX Runtime 1.31's CUDA provider has no
     SwiGLU kernel, and Split copies its size tables to the device on every call).  The Sigmoid/Mul after it
     stay as exported: ONNX Runtime runs them as one QuickGelu and one Mul."""
-    from onnx import helper
 
     in2nodes = om.input_name_to_nodes()
     n = 0
@@ -666,12 +671,9 @@ def unpack_gate_up(om) -> int:
         tail = e1 is None or int(e1.reshape(-1)[0]) >= 2 * half
         if not (halves and tail and (s1 is None or int(s1.reshape(-1)[0]) == half)):
             continue
-        nodes = []
-        for k, u in parts.items():
-            wk = _init(om, w[:, k * half:(k + 1) * half], f"{mm.input[1]}_{('gate', 'up')[k]}")
-            nodes.append(helper.make_node("MatMul", [mm.input[0], wk], [u.output[0]], name=f"{mm.name}_{k}"))
+        blocks = [(("gate", "up")[k], str(k), k * half, (k + 1) * half, u.output[0]) for k, u in parts.items()]
         om.remove_nodes([mm, *parts.values(), *bounds])
-        om.add_nodes(nodes)
+        om.add_nodes(_column_matmuls(om, mm, w, blocks))
         n += 1
         in2nodes = om.input_name_to_nodes()
     return n

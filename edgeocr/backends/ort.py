@@ -16,6 +16,7 @@ int64 per slot read back per step); `GqaSession` on CUDA replays that step as a 
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
 import threading
@@ -97,7 +98,7 @@ def open_ort_session(path: Path, art: Artifact, device: str = "cpu", threads: in
     return cls(path, art, device=device, threads=threads, cuda_graph=cuda_graph)
 
 
-class OrtSession:
+class OrtSession(abc.ABC):
     """Implements edgeocr.backends.base.Session; its token selection is OrtGraphSelection when the artifact's
     graph selects, edgeocr.selection.HostSelection otherwise."""
 
@@ -565,11 +566,13 @@ class OrtSession:
         self.mem.write(self.penalty, np.asarray([penalty], np.float32), offset=slot)
 
     # ------------------------------------------------------------ flavour hooks
+    @abc.abstractmethod
     def _prefill_len_value(self, s: int) -> int:
-        raise NotImplementedError
+        """The prefill's length input for a prompt of `s` tokens (past_len or seqlens_k, by flavour)."""
 
+    @abc.abstractmethod
     def _step_len_values(self, pos: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """The step's per-slot length inputs for the slots' cache rows `pos`."""
 
     def _bind_prefill_flavour(self, b, s: int) -> None:
         pass
