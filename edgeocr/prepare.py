@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -170,8 +171,23 @@ class DevicePreparer(Preparer):
             from edgeocr.preprocess_graph import DevicePreprocessor
             self.letterbox = DevicePreprocessor(device=device, **geometry)
 
+    def _load(self, image):
+        """An encoded JPEG is decoded into an array by simplejpeg where installed (preprocess.jpeg_decoder: the
+        same pixels as Pillow's, without Pillow's copy out); everything else by Pillow."""
+        if isinstance(image, preprocess.ImageBytes):
+            data, name, limit = image.data, image.name, image.max_pixels
+        elif isinstance(image, (bytes, bytearray, memoryview, str, Path)):
+            (data, name), limit = preprocess.read_bytes(image), self.max_pixels
+        else:
+            return super()._load(image)
+        decoded = preprocess.decode_jpeg_array(data, name, limit)
+        if decoded is not None:
+            return decoded
+        img = preprocess.decode_bytes(data, name, limit)
+        return img, img.size
+
     def _fit(self, img, size):
-        rgb = np.asarray(img)                                              # [H, W, 3] uint8
+        rgb = img if isinstance(img, np.ndarray) else np.asarray(img)     # [H, W, 3] uint8
         return rgb, preprocess.letterbox_geometry(*size, self.spec.canvas), img    # blank check on the source
 
     def pixels(self, prep: Prepared):

@@ -215,6 +215,53 @@ def _decode(data: bytes, name: str, max_pixels: int | None = None, canvas: int |
     return (img if img.mode == "RGB" else img.convert("RGB")), (w, h)
 
 
+JPEG_ENV = "EDGEOCR_JPEG"                       # "simplejpeg" (default where installed) | "pillow"
+_SIMPLEJPEG_COLORSPACES = ("Gray", "YCbCr", "RGB")
+
+
+def jpeg_decoder() -> str:
+    """Which library decodes a JPEG into an array for the device path: "simplejpeg" where it is installed (the
+    [cuda] extra; libjpeg-turbo straight into a numpy array, the same pixels as Pillow's decode, ~1 ms less per
+    721 x 1,081 page: docs/perf.md section 18), else "pillow".  EDGEOCR_JPEG=pillow picks Pillow."""
+    want = os.environ.get(JPEG_ENV, "").strip().lower()
+    if want not in ("", "simplejpeg", "pillow"):
+        raise ImageError(f"{JPEG_ENV}={want!r}: use 'simplejpeg' or 'pillow'")
+    if want == "pillow":
+        return "pillow"
+    try:
+        import simplejpeg  # noqa: F401
+    except ImportError:
+        if want == "simplejpeg":
+            raise ImageError(f"{JPEG_ENV}=simplejpeg but simplejpeg is not installed: pip install 'edgeocr[cuda]'") \
+                from None
+        return "pillow"
+    return "simplejpeg"
+
+
+def decode_jpeg_array(data: bytes, name: str = "image",
+                      max_pixels: int | None = None) -> tuple[np.ndarray, tuple[int, int]] | None:
+    """An encoded JPEG decoded by simplejpeg into an [H, W, 3] uint8 RGB array, with its (width, height), once
+    its header passed `check_size`.  None where Pillow should decode it instead: not a JPEG, `jpeg_decoder()`
+    is Pillow, a CMYK/YCCK JPEG, or any libjpeg warning or error (strict mode: a truncated or corrupt file gets
+    Pillow's error message, as on every other path)."""
+    if bytes(data[:3]) != b"\xff\xd8\xff" or jpeg_decoder() != "simplejpeg":
+        return None
+    import simplejpeg
+
+    try:
+        h, w, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return None
+    if colorspace not in _SIMPLEJPEG_COLORSPACES:
+        return None
+    check_size(w, h, name, max_pixels)
+    try:
+        rgb = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=False, fastupsample=False, strict=True)
+    except ValueError:
+        return None
+    return rgb, (w, h)
+
+
 def load_image_for_canvas(src, canvas: int = CANVAS,
                           max_pixels: int | None = None) -> tuple["PIL.Image.Image", tuple[int, int]]:  # noqa: F821
     """load_image for the fast path: a JPEG file or bytes is decoded at reduced scale where the letterbox

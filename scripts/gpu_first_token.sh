@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# On the GPU machine (CUDA torch, transformers and onnxruntime-gpu importable; SITE=/tmp/site is put first on
+# PYTHONPATH if it exists): where the first token's milliseconds and the vision session's memory go, for the
+# levers left on the first token (docs/perf.md section 18).
+#   1. the real-size architecture on random weights, FP16 export (gqa, selection in the graph, 4,096-token cache),
+#      fused for CUDA with the default passes and with --vision-gemms, each made into native-step artifacts
+#      (FP16 weights; 8-bit weights and embedding)
+#   2. the host part on this machine's CPU: the eval page decoded by Pillow (+ its copy out as a numpy array) and
+#      by simplejpeg, and the ink check (scripts/host_decode_bench.py)
+#   3. scripts/gpu_perf.py memory after 4 pages of 256 tokens under each of MEMORY (name:artifact:setting)
+#   4. `edgeocr bench` (first token: medians of 7 one-token calls) under each of BENCH, twice, alternating
+# Steps that would end past DEADLINE seconds (default 560) are skipped and logged.  Everything lands in
+# $OUT/results.tar.gz.
+set -uo pipefail
+# shellcheck source=scripts/gpu_call_common.sh
+source "$(dirname "$0")/gpu_call_common.sh" /tmp/work
+# shellcheck source=scripts/gpu_realsize.sh
+source "$(dirname "$0")/gpu_realsize.sh"
+DEADLINE=${DEADLINE:-560}
+left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
+
+say "-- real-size FP16 export, fused for CUDA (default passes and --vision-gemms), native step"
+realsize_native_forms >> "$R/run.log" 2>&1 || { say "build failed"; exit 1; }
+G=$W/slots1-fused-gemms
+[ -f "$G/manifest.json" ] || run fuse_vision_gemms 300 $PY -m quantize fuse "$W/slots1" "$G" --target cuda \
+  --vision-gemms || exit 1
+for form in ${GEMM_FORMS-float}; do
+  [ -f "$G-native-$form/manifest.json" ] || run "native_gemms_$form" 300 $PY -m quantize native-step "$G" \
+    "$G-native-$form" --weights "$form" || exit 1
+done
+run host_decode 60 $PY scripts/host_decode_bench.py "$IMG" --repeats 30 --json "$R/host_decode.json"
+
+PAGES=("$ROOT"/calibration_data/eval/00000[0-3].jpg)
+declare -A ART=([float]="$F-native-float" [int8]="$F-native-int8" [gfloat]="$G-native-float"
+                [gint8]="$G-native-int8")
+declare -A SET=([base]="" [init]="" [nopat]="EDGEOCR_MEM_PATTERN=0" [vg]="EDGEOCR_VISION_GRAPH=1"
+                [vgnopat]="EDGEOCR_VISION_GRAPH=1 EDGEOCR_MEM_PATTERN=0" [pil]="EDGEOCR_JPEG=pillow")
+for spec in ${MEMORY-float:base gfloat:base gfloat:init gfloat:nopat float:vgnopat int8:vgnopat}; do
+  IFS=: read -r form set <<< "$spec"
+  [ "$(left)" -gt 30 ] || { say "skipped memory_${form}_$set (deadline)"; continue; }
+  config=runtime; [ "$set" = init ] && config=initializers
+  # shellcheck disable=SC2086
+  run "memory_${form}_$set" 60 env EDGEOCR_NATIVE_STEP=1 ${SET[$set]} $PY scripts/gpu_perf.py memory "${ART[$form]}" \
+    --config $config --device cuda --tokens 256 --pages 4 --image "${PAGES[@]}" --json "$R/memory_${form}_$set.json"
+done
+for k in 1 2; do
+  for spec in ${BENCH-float:base float:vgnopat gfloat:base}; do
+    IFS=: read -r form set <<< "$spec"
+    [ "$(left)" -gt 35 ] || { say "skipped bench_${form}_${set}_$k (deadline)"; continue; }
+    # shellcheck disable=SC2086
+    run "bench_${form}_${set}_$k" 60 env EDGEOCR_NATIVE_STEP=1 ${SET[$set]} $PY -m edgeocr bench "${ART[$form]}" \
+      --device cuda --tokens 64 --repeats 1 --image "$IMG" --json "$R/bench_${form}_${set}_$k.json"
+  done
+done
