@@ -28,7 +28,8 @@ VISION_ARENA_ENV = "EDGEOCR_VISION_ARENA"            # "shrink" (default) | "kee
 CUDA_ARENA_ENV = "EDGEOCR_CUDA_ARENA"                # "separate" (default) | "shared": the sessions' CUDA arenas
 MEM_PATTERN_ENV = "EDGEOCR_MEM_PATTERN"              # "1" (default) | "0": ONNX Runtime's memory patterns
 PREFILL_GRAPH_ENV = "EDGEOCR_PREFILL_GRAPH"          # 1 | 0: a CUDA graph per prompt length's prefill
-VISION_GRAPH_ENV = "EDGEOCR_VISION_GRAPH"            # "1": the vision graph replayed as a CUDA graph
+VISION_GRAPH_ENV = "EDGEOCR_VISION_GRAPH"            # 1 | 0: the vision graph replayed as a CUDA graph
+VISION_AHEAD_ENV = "EDGEOCR_VISION_AHEAD"            # "1": schedulers run vision ahead unless told otherwise
 CUDA_STACK_ENV = "EDGEOCR_CUDA_STACK"                # bytes of stack per GPU thread the CUDA context reserves
 
 
@@ -118,10 +119,13 @@ def shared_arena_wanted() -> bool:
     return _choice(CUDA_ARENA_ENV, "separate", ("separate", "shared")) == "shared"
 
 
-def mem_pattern_wanted() -> bool:
+def mem_pattern_wanted() -> bool | None:
     """Whether ONNX Runtime plans each run's activations as one block after the first run of a shape
-    (EDGEOCR_MEM_PATTERN: "1", the default, or "0").  Off, each activation is its own chunk of the arena, which
-    the next run reuses chunk by chunk instead of asking for one more block the size of the whole plan."""
+    (EDGEOCR_MEM_PATTERN: "1" or "0"; None when unset: on, except for a vision graph replayed as a CUDA graph).
+    Off, each activation is its own chunk of the arena, which the next run reuses chunk by chunk instead of asking
+    for one more block the size of the whole plan."""
+    if os.environ.get(MEM_PATTERN_ENV, "").strip() == "":
+        return None
     return _choice(MEM_PATTERN_ENV, "1", ("1", "0")) == "1"
 
 
@@ -148,11 +152,44 @@ def prefill_graph_wanted() -> bool | None:
     return _flag(PREFILL_GRAPH_ENV)
 
 
-def vision_graph_wanted() -> bool:
-    """Whether the vision session replays the vision graph as a CUDA graph (EDGEOCR_VISION_GRAPH=1; off when
-    unset).  The page is copied into one device buffer and the embeddings out of one, so a single graph serves
-    every slot; its activations stay reserved in the vision arena (no shrink after each call)."""
+def vision_graph_wanted() -> bool | None:
+    """Whether the vision session replays the vision graph as a CUDA graph (EDGEOCR_VISION_GRAPH: 1 | 0; None when
+    unset: on for native-step artifacts with 8-bit weights, unless EDGEOCR_VISION_AHEAD=1 asks for visions on a
+    worker thread).  The page is copied into one device buffer and the embeddings out of one, so a single graph
+    serves every slot; its activations stay reserved in the vision arena (no shrink after each call), planned
+    without memory patterns unless EDGEOCR_MEM_PATTERN=1.  Measured on an H100 (2026-12-06, docs/perf.md section
+    18): vision 18.6-19.0 -> 15.8 ms (FP16); device memory after two pages +210 MiB (FP16: 3,204.8, over its
+    3,072 MiB target, hence off there) and +218 MiB (8-bit: 2,366.8 MiB, under its 2,560)."""
+    if os.environ.get(VISION_GRAPH_ENV, "").strip() == "":
+        return None
     return _flag(VISION_GRAPH_ENV)
+
+
+def vision_graph_default(native_weights: str | None) -> bool:
+    """EDGEOCR_VISION_GRAPH unset: replay the vision graph as a CUDA graph for native-step artifacts with 8-bit
+    weights (`native_weights`: the artifact's native_step "weights"), where its kept arena still fits the 8-bit
+    memory target, unless the arena is shared (EDGEOCR_CUDA_ARENA=shared), shrunk after each call
+    (EDGEOCR_VISION_ARENA=shrink) or visions run ahead on a worker thread (EDGEOCR_VISION_AHEAD=1; ONNX Runtime
+    keeps its CUDA graphs per thread)."""
+    shrink_asked = os.environ.get(VISION_ARENA_ENV, "").strip().lower() == "shrink"
+    return native_weights == "int8" and not shared_arena_wanted() and not vision_ahead_asked() and not shrink_asked
+
+
+def memory_patterns(pattern: bool | None, vision_graph: bool, prefill_graph: bool) -> tuple[bool, bool]:
+    """(vision, decoder) session memory patterns for `pattern` = mem_pattern_wanted().  Unset: on, except for a
+    replayed vision graph, which keeps what its capture used: planned tensor by tensor that is 210 MiB at the real
+    size against 366 MiB for a block of the whole plan after per-tensor first runs (docs/perf.md section 18).  The
+    decoder's are off whenever its prefills are replayed: they need no plan, and with patterns each prompt
+    length's first runs ask for one more block the size of its whole plan (92 MiB), kept by the decoder's arena."""
+    vision = pattern if pattern is not None else not vision_graph
+    decoder = False if prefill_graph else (pattern if pattern is not None else True)
+    return vision, decoder
+
+
+def vision_ahead_asked() -> bool:
+    """EDGEOCR_VISION_AHEAD=1: schedulers run each page's vision on a worker thread unless told otherwise
+    (edgeocr.slots)."""
+    return os.environ.get(VISION_AHEAD_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def cuda_stack_bytes() -> int | None:

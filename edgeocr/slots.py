@@ -41,6 +41,7 @@ import numpy as np
 from edgeocr import decode
 from edgeocr.decode import DecodeOptions, FinishReason, Sequence
 from edgeocr.errors import BackendError
+from edgeocr.ort_options import VISION_AHEAD_ENV
 from edgeocr.prepare import Prepared, Preparer
 from edgeocr.result import drop_cut_character
 from edgeocr.selection import Selection
@@ -125,7 +126,8 @@ class SlotScheduler:
         if vision_ahead and getattr(session, "vision_graph", False):
             # ONNX Runtime keeps a CUDA graph per thread: the worker would capture its own while the steps run
             log.warning("vision ahead is off for this scheduler: the session replays its vision as a CUDA graph "
-                        "(EDGEOCR_VISION_GRAPH=1), which runs on the scheduler's thread")
+                        "(EDGEOCR_VISION_GRAPH=1, the default for 8-bit native-step artifacts; set it to 0, or "
+                        "EDGEOCR_VISION_AHEAD=1 before loading), which runs on the scheduler's thread")
             vision_ahead = False
         self.vision_ahead = vision_ahead
         self.prefill_beside = self._want_prefill_beside(prefill_beside)
@@ -392,7 +394,6 @@ _END = object()
 # scheduler's first QUIET_STEPS steps (a session's `capture_steps` where it has several step graphs) run with no
 # vision in flight.
 QUIET_STEPS = 3
-VISION_AHEAD_ENV = "EDGEOCR_VISION_AHEAD"     # "1": schedulers run vision ahead unless told otherwise
 PREFILL_BESIDE_ENV = "EDGEOCR_PREFILL_BESIDE"  # "1": with vision ahead, prefills run beside the step too
 
 

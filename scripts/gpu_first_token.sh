@@ -7,8 +7,11 @@
 #      (FP16 weights; 8-bit weights and embedding)
 #   2. the host part on this machine's CPU: the eval page decoded by Pillow (+ its copy out as a numpy array) and
 #      by simplejpeg, and the ink check (scripts/host_decode_bench.py)
-#   3. scripts/gpu_perf.py memory after 4 pages of 256 tokens under each of MEMORY (name:artifact:setting)
-#   4. `edgeocr bench` (first token: medians of 7 one-token calls) under each of BENCH, twice, alternating
+#   3. with SESSION_MEMORY=1: the vision session alone at load, per graph optimization level, both FP16 fusions
+#      (scripts/gpu_vision_session_memory.py)
+#   4. scripts/gpu_perf.py memory after 4 pages of 256 tokens under each of MEMORY (form:setting)
+#   5. `edgeocr bench` (first token: medians of 7 one-token calls) under each of BENCH (form:setting), twice,
+#      alternating
 # Steps that would end past DEADLINE seconds (default 560) are skipped and logged.  Everything lands in
 # $OUT/results.tar.gz.
 set -uo pipefail
@@ -29,12 +32,15 @@ for form in ${GEMM_FORMS-float}; do
     "$G-native-$form" --weights "$form" || exit 1
 done
 run host_decode 60 $PY scripts/host_decode_bench.py "$IMG" --repeats 30 --json "$R/host_decode.json"
+[ "${SESSION_MEMORY:-0}" = 1 ] && run vision_session_memory 150 $PY scripts/gpu_vision_session_memory.py \
+  "$F-native-float" "$G-native-float" --levels all,basic,disabled --json "$R/vision_session_memory.json"
 
 PAGES=("$ROOT"/calibration_data/eval/00000[0-3].jpg)
 declare -A ART=([float]="$F-native-float" [int8]="$F-native-int8" [gfloat]="$G-native-float"
                 [gint8]="$G-native-int8")
 declare -A SET=([base]="" [init]="" [nopat]="EDGEOCR_MEM_PATTERN=0" [vg]="EDGEOCR_VISION_GRAPH=1"
-                [vgnopat]="EDGEOCR_VISION_GRAPH=1 EDGEOCR_MEM_PATTERN=0" [pil]="EDGEOCR_JPEG=pillow")
+                [novg]="EDGEOCR_VISION_GRAPH=0" [vgnopat]="EDGEOCR_VISION_GRAPH=1 EDGEOCR_MEM_PATTERN=0"
+                [vgpat]="EDGEOCR_VISION_GRAPH=1 EDGEOCR_MEM_PATTERN=1" [pil]="EDGEOCR_JPEG=pillow")
 for spec in ${MEMORY-float:base gfloat:base gfloat:init gfloat:nopat float:vgnopat int8:vgnopat}; do
   IFS=: read -r form set <<< "$spec"
   [ "$(left)" -gt 30 ] || { say "skipped memory_${form}_$set (deadline)"; continue; }

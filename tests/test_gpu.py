@@ -221,7 +221,8 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights):
     tie: two FP16 engines that sum in different orders may pick either of two tokens whose logits are closer than
     FP16 resolves.  Where a page's tokens part, the FP32 reference (transformers) scores the two tokens at that
     step, repetition penalty applied: both must be within `near_tie` of the best token there, and at most one page
-    may part."""
+    may part.  With 8-bit weights both engines replay the vision graph as a CUDA graph (the runtime's default for
+    them)."""
     from pathlib import Path
 
     from edgeocr.dataset import load_dir
@@ -236,6 +237,7 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights):
     monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "1")
     nat = OCRModel(tmp_path / "native", device="cuda")
     assert nat.session.engine == "native-cuda" and nat.preparer.engine == "kernels"    # the exact path's pixels
+    assert nat.session.vision_graph == (weights == "int8")      # the default: replayed where 8-bit weights leave room
     o = DecodeOptions(max_new_tokens=200)
     got = dict(nat.recognize_many(pages, task="structured_parse", options=o))
     rows = nat.session.check_kernels()

@@ -219,15 +219,17 @@ def test_vision_arena_setting(monkeypatch):
 
 
 def test_cuda_arena_and_memory_pattern_settings(monkeypatch):
-    """EDGEOCR_CUDA_ARENA (separate | shared) and EDGEOCR_MEM_PATTERN (1 | 0): defaults, case and spaces, and a
-    bad value named with what is allowed."""
+    """EDGEOCR_CUDA_ARENA (separate | shared) and EDGEOCR_MEM_PATTERN (1 | 0; None when unset: the session's
+    default): defaults, case and spaces, and a bad value named with what is allowed."""
     from edgeocr.ort_options import mem_pattern_wanted, shared_arena_wanted
     for env in ("EDGEOCR_CUDA_ARENA", "EDGEOCR_MEM_PATTERN"):
         monkeypatch.delenv(env, raising=False)
-    assert not shared_arena_wanted() and mem_pattern_wanted()
+    assert not shared_arena_wanted() and mem_pattern_wanted() is None
+    monkeypatch.setenv("EDGEOCR_MEM_PATTERN", " 1")
+    assert mem_pattern_wanted() is True
     monkeypatch.setenv("EDGEOCR_CUDA_ARENA", " Shared ")
     monkeypatch.setenv("EDGEOCR_MEM_PATTERN", "0")
-    assert shared_arena_wanted() and not mem_pattern_wanted()
+    assert shared_arena_wanted() and mem_pattern_wanted() is False
     monkeypatch.setenv("EDGEOCR_CUDA_ARENA", "one")
     with pytest.raises(ValueError, match="EDGEOCR_CUDA_ARENA must be one of 'separate', 'shared', not 'one'"):
         shared_arena_wanted()
@@ -236,13 +238,36 @@ def test_cuda_arena_and_memory_pattern_settings(monkeypatch):
         mem_pattern_wanted()
 
 
+def test_vision_graph_and_memory_pattern_defaults(monkeypatch):
+    """Unset, the vision graph is replayed for native-step artifacts with 8-bit weights only (its kept arena fits
+    their memory target), never with a shared arena, a vision arena asked to shrink or visions ahead; a replayed
+    vision graph runs without memory patterns, replayed prefills too, an explicit EDGEOCR_MEM_PATTERN wins for
+    the vision session."""
+    from edgeocr.ort_options import memory_patterns, vision_graph_default
+    for env in ("EDGEOCR_CUDA_ARENA", "EDGEOCR_VISION_AHEAD", "EDGEOCR_VISION_ARENA"):
+        monkeypatch.delenv(env, raising=False)
+    assert vision_graph_default("int8") and not vision_graph_default("float") and not vision_graph_default(None)
+    for env, value in (("EDGEOCR_CUDA_ARENA", "shared"), ("EDGEOCR_VISION_AHEAD", "1"),
+                       ("EDGEOCR_VISION_ARENA", "shrink")):
+        monkeypatch.setenv(env, value)
+        assert not vision_graph_default("int8"), env
+        monkeypatch.delenv(env)
+    monkeypatch.setenv("EDGEOCR_VISION_ARENA", "keep")
+    assert vision_graph_default("int8")
+    assert memory_patterns(None, vision_graph=False, prefill_graph=False) == (True, True)
+    assert memory_patterns(None, vision_graph=True, prefill_graph=True) == (False, False)
+    assert memory_patterns(None, vision_graph=False, prefill_graph=True) == (True, False)
+    assert memory_patterns(True, vision_graph=True, prefill_graph=True) == (True, False)
+    assert memory_patterns(False, vision_graph=False, prefill_graph=False) == (False, False)
+
+
 def test_cuda_graph_and_stack_settings(monkeypatch):
-    """EDGEOCR_PREFILL_GRAPH (None when unset: the session's default), EDGEOCR_VISION_GRAPH (off unless 1) and
+    """EDGEOCR_PREFILL_GRAPH and EDGEOCR_VISION_GRAPH (None when unset: the session's default) and
     EDGEOCR_CUDA_STACK (bytes, "driver" for the driver's own; 0 when unset): values parsed, a bad one named."""
     from edgeocr.ort_options import cuda_stack_bytes, prefill_graph_wanted, vision_graph_wanted
     for env in ("EDGEOCR_PREFILL_GRAPH", "EDGEOCR_VISION_GRAPH", "EDGEOCR_CUDA_STACK"):
         monkeypatch.delenv(env, raising=False)
-    assert prefill_graph_wanted() is None and not vision_graph_wanted() and cuda_stack_bytes() == 0
+    assert prefill_graph_wanted() is None and vision_graph_wanted() is None and cuda_stack_bytes() == 0
     monkeypatch.setenv("EDGEOCR_PREFILL_GRAPH", " 1 ")
     monkeypatch.setenv("EDGEOCR_VISION_GRAPH", "on")
     monkeypatch.setenv("EDGEOCR_CUDA_STACK", "256")
@@ -250,7 +275,7 @@ def test_cuda_graph_and_stack_settings(monkeypatch):
     monkeypatch.setenv("EDGEOCR_VISION_GRAPH", "0")
     monkeypatch.setenv("EDGEOCR_PREFILL_GRAPH", "0")
     monkeypatch.setenv("EDGEOCR_CUDA_STACK", "driver")
-    assert prefill_graph_wanted() is False and not vision_graph_wanted() and cuda_stack_bytes() is None
+    assert prefill_graph_wanted() is False and vision_graph_wanted() is False and cuda_stack_bytes() is None
     monkeypatch.setenv("EDGEOCR_PREFILL_GRAPH", "yes please")
     with pytest.raises(ValueError, match="EDGEOCR_PREFILL_GRAPH must be 1 or 0, not 'yes please'"):
         prefill_graph_wanted()

@@ -138,8 +138,8 @@ class OrtSession(abc.ABC):
         self._pf_bindings = {}              # (id(decoder session), slot) -> the prefill binding (_prefill_binding)
         self.arena = "cpu" if device == "cpu" else "separate"
         if device == "cuda":
-            from edgeocr.ort_options import (mem_pattern_wanted, share_arena, shared_arena_wanted, vision_run_options,
-                                             vision_shrink_wanted)
+            from edgeocr.ort_options import (mem_pattern_wanted, memory_patterns, share_arena, shared_arena_wanted,
+                                             vision_run_options, vision_shrink_wanted)
             try:
                 shrink, shared, pattern = vision_shrink_wanted(), shared_arena_wanted(), mem_pattern_wanted()
             except ValueError as e:
@@ -168,15 +168,13 @@ class OrtSession(abc.ABC):
                     raise BackendError(f"EDGEOCR_CUDA_ARENA=shared: this ONNX Runtime cannot share a CUDA arena "
                                        f"({e}); unset it") from None
                 self.arena = "shared"
-            so.enable_mem_pattern = pattern
-            self.arena += (f", {'shrunk' if shrink else 'kept'} after vision, "
-                           f"memory patterns {'on' if pattern else 'off'}")
-            if self.prefill_graph and pattern:
-                # replayed prefills need no plan; with patterns each prompt length's first runs would ask for one
-                # more block the size of its whole plan (92 MiB at the real size), kept by the decoder's arena
+            vis_pattern, dec_pattern = memory_patterns(pattern, self.vision_graph, self.prefill_graph)
+            so.enable_mem_pattern = vis_pattern
+            if dec_pattern != vis_pattern:
                 dec_so = _session_options(ort, device, threads)
-                dec_so.enable_mem_pattern = False
-                self.arena += " (decoder: off, its prefills replayed)"
+                dec_so.enable_mem_pattern = dec_pattern
+            self.arena += (f", {'shrunk' if shrink else 'kept'} after vision, memory patterns: vision "
+                           f"{'on' if vis_pattern else 'off'}, decoder {'on' if dec_pattern else 'off'}")
         self._set_cuda_stack()
         try:
             self.vision = ort.InferenceSession(str(path / art.vision.file), so, providers=providers)
@@ -202,12 +200,16 @@ class OrtSession(abc.ABC):
         self._vision_runs: dict[int, int] = {}                           # thread -> vision runs
         if self.device != "cuda":
             return
-        from edgeocr.ort_options import cuda_stack_bytes, prefill_graph_wanted, shared_arena_wanted, vision_graph_wanted
+        from edgeocr.ort_options import (cuda_stack_bytes, prefill_graph_wanted, shared_arena_wanted,
+                                         vision_graph_default, vision_graph_wanted)
         try:
             stack, prefill, vision = cuda_stack_bytes(), prefill_graph_wanted(), vision_graph_wanted()
+            native = self.art.decoder.native_step or {}
             if prefill is None:           # the default: native-step artifacts (where it was measured), unless the
-                prefill = (self.inplace and self._graph_select and bool(self.art.decoder.native_step)   # arena
+                prefill = (self.inplace and self._graph_select and bool(native)                     # arena
                            and not shared_arena_wanted())                                           # is shared
+            if vision is None:            # the default: where its arena fits the memory target (8-bit weights)
+                vision = vision_graph_default(native.get("weights"))
         except ValueError as e:
             raise BackendError(str(e)) from None
         if prefill and not (self.inplace and self._graph_select):
