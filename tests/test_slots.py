@@ -672,3 +672,27 @@ def test_blank_check_still_running_at_admission(slot_arts, mode):
             assert r.timings_ms["vision"] > 0 and not errors          # its vision ran, and is reported
         else:
             assert "blank" not in done and errors == [("blank", "unreadable page")]
+
+
+def test_a_prompt_shared_by_pages_is_written_into_the_prefill_buffers_once(gqa_arts):
+    """The prefill's ids and RoPE tables (1.1 MB at the real size) are written to the device once for pages of the
+    same instruction (the model's prompt arrays are read-only and shared), again when the instruction changes, and
+    every time for arrays a caller may change; the tokens are those of a fresh model."""
+    m = OCRModel(gqa_arts["a"])
+    writes = []
+    write = m.session.mem.write
+    m.session.mem.write = lambda dst, src: (writes.append(dst is m.session.pf_cos), write(dst, src))[1]
+    o = DecodeOptions(max_new_tokens=6, ignore_stop=True)
+    imgs = [make_image(k) for k in (1, 2)]
+    tasks = ("spotting", "spotting", "table", "spotting")
+    got = [m.recognize(imgs[k % 2], task=t, options=o).token_ids for k, t in enumerate(tasks)]
+    assert sum(writes) == 3                     # spotting, table, spotting again
+    fresh = OCRModel(gqa_arts["a"])
+    assert got == [fresh.recognize(imgs[k % 2], task=t, options=o).token_ids for k, t in enumerate(tasks)]
+    s = m.session
+    p = m._prompt(m.instruction("spotting", None)[0])
+    ids, cos, sin = p.ids, p.cos, p.sin
+    n = sum(writes)
+    for _ in range(2):                          # writable copies: written each time
+        s.prefill(0, ids.copy(), cos.copy(), sin.copy())
+    assert sum(writes) == n + 2

@@ -136,6 +136,7 @@ class OrtSession(abc.ABC):
                               if isinstance(p, tuple) else p for p in providers]
         self.prefill_decoder = None
         self._pf_bindings = {}              # (id(decoder session), slot) -> the prefill binding (_prefill_binding)
+        self._pf_prompt = None              # (ids, cos, sin) in the prefill buffers, when read-only arrays
         self.arena = "cpu" if device == "cpu" else "separate"
         if device == "cuda":
             from edgeocr.ort_options import (mem_pattern_wanted, memory_patterns, share_arena, shared_arena_wanted,
@@ -483,10 +484,15 @@ class OrtSession(abc.ABC):
         if decoder is None:
             raise BackendError("prefill beside the step before open_prefill_beside()")
         mem, b = self.mem, self._prefill_binding(decoder, slot, beside)
-        mem.write(self.pf_ids, input_ids)
-        mem.write(self.pf_cos, cos)
-        mem.write(self.pf_sin, sin)
-        mem.write(self.pf_len, np.asarray([self._prefill_len_value(s)], self._len_dtype))
+        prompt = (input_ids, cos, sin)
+        last, self._pf_prompt = self._pf_prompt, None
+        if beside or self.prefill_decoder is not None or last is None or any(x is not y for x, y in zip(prompt, last)):
+            mem.write(self.pf_ids, input_ids)
+            mem.write(self.pf_cos, cos)          # 1.1 MB of RoPE tables at the real size
+            mem.write(self.pf_sin, sin)
+        if not beside and self.prefill_decoder is None and not any(a.flags.writeable for a in prompt):
+            self._pf_prompt = prompt             # read-only (a prompt shared by every page with its instruction):
+        mem.write(self.pf_len, np.asarray([self._prefill_len_value(s)], self._len_dtype))    # the same next time
         mem.sync()
         self._bind(b, "input_ids", self.pf_ids, [1, s])
         self._bind(b, "cos", self.pf_cos, [1, s, self.head_dim])
