@@ -33,7 +33,7 @@ for form in ${GEMM_FORMS-float}; do
 done
 run host_decode 60 $PY scripts/host_decode_bench.py "$IMG" --repeats 30 --json "$R/host_decode.json"
 [ "${SESSION_MEMORY:-0}" = 1 ] && run vision_session_memory 150 $PY scripts/gpu_vision_session_memory.py \
-  "$F-native-float" "$G-native-float" --levels all,basic,disabled --json "$R/vision_session_memory.json"
+  "$F-native-float" "$G-native-float" --levels "${SESSION_LEVELS:-all,disabled}" --json "$R/vision_session_memory.json"
 
 PAGES=("$ROOT"/calibration_data/eval/00000[0-3].jpg)
 declare -A ART=([float]="$F-native-float" [int8]="$F-native-int8" [gfloat]="$G-native-float"
