@@ -345,15 +345,42 @@ def write_weights(path: Path, tensors: dict[str, np.ndarray]) -> dict[str, dict]
     return index
 
 
+def _vision_gemms(vg, m: af.Artifact, wanted: bool | None) -> dict:
+    """The vision GEMM passes on the vision ModelProto `vg` in place, where `wanted` (None: `m` is fused and its
+    fusion did not apply them); {pass: rewrites} or {"skipped": why}."""
+    fusion = m.export.get("fusion") or {}
+    if fusion.get("options", {}).get("vision_gemms"):
+        return {"skipped": "already applied by the fusion"}
+    if wanted is None:
+        wanted = bool(fusion)
+        if not wanted:
+            return {"skipped": "the artifact is not fused"}
+    if not wanted:
+        return {"skipped": "not asked"}
+    from quantize.fuse import _finish, _onnx_model, constants_to_initializers, patch_conv_as_matmul, \
+        unpack_attention_qkv
+    constants_to_initializers(vg)
+    om = _onnx_model(vg)
+    done = {"attention_qkv": unpack_attention_qkv(om), "patch_gemm": patch_conv_as_matmul(om)}
+    _finish(om)
+    return done
+
+
 def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "float",
-                         vision: str | None = None, embedding: str | None = None) -> af.Artifact:
+                         vision: str | None = None, embedding: str | None = None,
+                         vision_gemms: bool | None = None) -> af.Artifact:
     """ARTIFACT -> OUT with the decoder's weights in decoder_step.bin and read by the graph as inputs (module
     doc).  weights "int8": the layers' projections as 8-bit blocks (MatMulNBits' layout, read by the native step's
     8-bit kernels and by the graph); the norms stay in the artifact's precision.
     vision "int8" (the default with 8-bit weights): the vision graph's MatMul weights as 8-bit MatMulNBits blocks
     of 32 (quantize.weight_int8); "float" (the default otherwise): the vision graph is copied.  The tokenizer is
     copied.  embedding "int8" (the default with 8-bit weights): the embedding (and an untied lm_head) as 8-bit blocks
-    of 32 (module doc); "float" (the default otherwise) keeps it in the artifact's precision."""
+    of 32 (module doc); "float" (the default otherwise) keeps it in the artifact's precision.
+    vision_gemms (None: with 8-bit vision weights, for a fused ARTIFACT whose fusion did not apply them): the vision
+    GEMM passes of `quantize fuse --vision-gemms` (q, k, v as three MatMuls, the patch Conv as one MatMul) before the
+    vision weights are quantized.  With 8-bit weights they cost no device memory: on an H100 (real size, 2026-12-06,
+    docs/perf.md section 18) 2,342.8 MiB after two pages against 2,366.8 without them, vision 15.1 against 16.3 ms;
+    with FP16 weights they take 88 MiB more, past that flavour's 3,072 MiB target, hence opt-in there (fuse)."""
     if weights not in ("float", "int8"):
         raise ValueError(f"weights must be 'float' or 'int8', not {weights!r}")
     embedding = embedding or weights
@@ -417,6 +444,10 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
     if vision == "int8":
         from quantize.weight_int8 import kept_matmuls, quantize_matmuls
         vg = load_graph(src / m.vision.file)
+        gemms = _vision_gemms(vg, m, vision_gemms)
+        if gemms.get("attention_qkv") or gemms.get("patch_gemm"):
+            say(f"vision: q|k|v as three MatMuls in {gemms['attention_qkv']} layers, the patch Conv as a MatMul "
+                f"({gemms['patch_gemm']})")
         qv, qdone, eligible = quantize_matmuls(vg, BLOCK, kept_matmuls(vg), 8, None)
         if qdone == 0:
             raise ValueError(f"{src / m.vision.file}: no MatMul with a constant weight to quantize (--vision float "
@@ -424,7 +455,7 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
         save_graph(qv, out / m.vision.file)
         written |= {m.vision.file, m.vision.file + ".data"}
         vision_report = {"weights": "int8", "op": "com.microsoft.MatMulNBits", "bits": 8, "block_size": BLOCK,
-                         "matmuls_quantized": qdone, "matmuls_total": eligible}
+                         "matmuls_quantized": qdone, "matmuls_total": eligible, "gemm_passes": gemms}
         say(f"vision: {qdone} of {eligible} MatMul weights stored as 8-bit blocks of {BLOCK}")
     copy_unwritten(src, out, m.files, written)
     version = NATIVE_STEP_VERSION[embedding]

@@ -731,3 +731,44 @@ def test_a_fused_decoder_whose_norms_are_equal_keeps_their_names(ckpt_a, tmp_pat
     t = spec["tensors"]["layers.1.ln2"]
     ln2 = raw[t["offset"]:t["offset"] + 4 * t["shape"][0]].view(np.float32)
     assert (ln2 == 1).all()
+
+
+def test_int8_vision_weights_take_the_vision_gemm_passes_of_a_fused_artifact(arts, tmp_path):
+    """With 8-bit vision weights, a fused artifact's vision graph first gets the passes of `fuse --vision-gemms`
+    (q, k, v as three MatMuls without the Split; the patch Conv as a MatMul, kept unquantized): the same
+    embeddings as without them (per-column blocks quantize the same), recorded in the manifest; off with
+    --no-vision-gemms, skipped for an unfused artifact and for one fused with them already."""
+    import collections
+
+    import onnx
+    import onnxruntime as ort
+
+    from quantize.cli import main
+    from quantize.fuse import FuseOptions, fuse_artifact
+    from quantize.native_step import native_step_artifact
+
+    def ops(d):
+        g = onnx.load(str(d / read(d).vision.file), load_external_data=False).graph
+        return collections.Counter(n.op_type for n in g.node)
+
+    def embeds(d):
+        sess = ort.InferenceSession(str(d / read(d).vision.file), providers=["CPUExecutionProvider"])
+        return sess.run(None, {"pixels": pixels})[0]
+
+    with_passes = native_step_artifact(arts["b-fused"], tmp_path / "g", vision="int8")   # tiny-b: float decoder
+    report = with_passes.export["native_step"]["vision"]["gemm_passes"]
+    layers = read(arts["b"]).model["vision"]["num_layers"]
+    assert report == {"attention_qkv": layers, "patch_gemm": 1}
+    assert main(["native-step", str(arts["b-fused"]), str(tmp_path / "n"), "--vision", "int8",
+                 "--no-vision-gemms"]) == 0
+    assert read(tmp_path / "n").export["native_step"]["vision"]["gemm_passes"] == {"skipped": "not asked"}
+    before, after = ops(tmp_path / "n"), ops(tmp_path / "g")
+    assert before["Split"] == layers and after["Split"] == 0 and after["Conv"] == before["Conv"] - 1
+    assert after["MatMulNBits"] == before["MatMulNBits"] + 2 * layers           # q|k|v: one weight -> three
+    pixels = np.random.default_rng(5).standard_normal((1, 3, 1024, 1024)).astype(np.float32)
+    assert np.abs(embeds(tmp_path / "g") - embeds(tmp_path / "n")).max() < 1e-4
+    m = native_step_artifact(arts["a"], tmp_path / "u", weights="int8")
+    assert m.export["native_step"]["vision"]["gemm_passes"] == {"skipped": "the artifact is not fused"}
+    fuse_artifact(arts["b"], tmp_path / "bg", FuseOptions(target="portable", vision_gemms=True))
+    m = native_step_artifact(tmp_path / "bg", tmp_path / "bgn", vision="int8")
+    assert m.export["native_step"]["vision"]["gemm_passes"] == {"skipped": "already applied by the fusion"}
