@@ -25,8 +25,9 @@ left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 say "-- real-size FP16 export, fused for CUDA (default passes and --vision-gemms), native step"
 realsize_native_forms >> "$R/run.log" 2>&1 || { say "build failed"; exit 1; }
 G=$W/slots1-fused-gemms
-[ -f "$G/manifest.json" ] || run fuse_vision_gemms 300 $PY -m quantize fuse "$W/slots1" "$G" --target cuda \
-  --vision-gemms || exit 1
+if [ -n "${GEMM_FORMS-float}" ] && [ ! -f "$G/manifest.json" ]; then
+  run fuse_vision_gemms 300 $PY -m quantize fuse "$W/slots1" "$G" --target cuda --vision-gemms || exit 1
+fi
 for form in ${GEMM_FORMS-float}; do
   [ -f "$G-native-$form/manifest.json" ] || run "native_gemms_$form" 300 $PY -m quantize native-step "$G" \
     "$G-native-$form" --weights "$form" || exit 1
