@@ -741,6 +741,7 @@ def test_int8_vision_weights_take_the_vision_gemm_passes_of_a_fused_artifact(art
     import collections
 
     import onnx
+    import onnx.numpy_helper
     import onnxruntime as ort
 
     from quantize.cli import main
@@ -772,3 +773,8 @@ def test_int8_vision_weights_take_the_vision_gemm_passes_of_a_fused_artifact(art
     fuse_artifact(arts["b"], tmp_path / "bg", FuseOptions(target="portable", vision_gemms=True))
     m = native_step_artifact(tmp_path / "bg", tmp_path / "bgn", vision="int8")
     assert m.export["native_step"]["vision"]["gemm_passes"] == {"skipped": "already applied by the fusion"}
+    # the same vision graph as fusing with --vision-gemms (what docs/perf.md section 18 measured): ops and weights
+    ga, gb = (onnx.load(str(d / read(d).vision.file)).graph for d in (tmp_path / "g", tmp_path / "bgn"))
+    assert sorted(n.op_type for n in ga.node) == sorted(n.op_type for n in gb.node)
+    wa, wb = ({t.name: onnx.numpy_helper.to_array(t) for t in g.initializer} for g in (ga, gb))
+    assert wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa)
