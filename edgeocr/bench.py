@@ -274,8 +274,16 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
                  f"{'in graph' if m.decoder.select_on_device else 'host'}, "
                  f"{'step state on the device, ' if m.decoder.step_state else ''}"
                  f"{'native step weights (step: ' + model.session.engine + '), ' if m.decoder.native_step else ''}"
-                 f"CUDA graph {'on' if step_graph(model.session) else 'off'}"),
+                 f"CUDA graph {'on' if step_graph(model.session) else 'off'}{replay_label(model.session)}"),
         preprocess=preprocess)
+
+
+def replay_label(session) -> str:
+    """", prefill / vision CUDA graphs on|off" for a session that may replay them (ONNX Runtime on CUDA), else ""."""
+    if not hasattr(session, "prefill_graph") or getattr(session, "device", "") != "cuda":
+        return ""
+    prefill, vision = ("on" if g else "off" for g in (session.prefill_graph, session.vision_graph))
+    return f", prefill / vision CUDA graphs {prefill} / {vision}"
 
 
 def step_graph(session) -> bool:
@@ -383,7 +391,7 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
     m = model.artifact
     return {"backend": model.session.name, "precision": m.precision, "slots": m.slots,
             "flavour": f"attention {m.decoder.attention}, selection {'in graph' if m.decoder.select_on_device else 'host'}, "
-                       f"CUDA graph {'on' if step_graph(model.session) else 'off'}",
+                       f"CUDA graph {'on' if step_graph(model.session) else 'off'}{replay_label(model.session)}",
             "device_name": _gpu_name() if device == "cuda" else "cpu", "pages": done, "new_tokens_per_page": tokens,
             "wall_s": wall, "pages_per_s": done / wall, "tokens_per_s": done * tokens / wall,
             "step_ms_all_slots_busy": statistics.mean(full_steps) if full_steps else None,

@@ -91,3 +91,15 @@ def test_bench_first_token_medians(art_a):
     assert m["runs"] == 3 and m["from_file_ms"] > m["vision_ms"] > 0 and m["prefill_ms"] > 0
     assert "median of 3 calls" in format_table(r)
     assert bench(art_a, img, tokens=2).first_token_median is None
+
+
+def test_the_flavour_names_the_cuda_graphs_replayed():
+    """On CUDA the bench's flavour line says whether prefills and the vision graph replay CUDA graphs (they change
+    the first token by milliseconds and device memory by hundreds of MiB); on the CPU it says nothing of them."""
+    from types import SimpleNamespace
+
+    from edgeocr.bench import replay_label
+    cuda = SimpleNamespace(device="cuda", prefill_graph=True, vision_graph=False)
+    assert replay_label(cuda) == ", prefill / vision CUDA graphs on / off"
+    assert replay_label(SimpleNamespace(device="cpu", prefill_graph=False, vision_graph=False)) == ""
+    assert replay_label(SimpleNamespace(name="tensorrt")) == ""
