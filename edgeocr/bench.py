@@ -367,7 +367,8 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
     from edgeocr.slots import drive
 
     preprocess = preprocess or default_preprocess(device)
-    model = OCRModel(artifact, device=device, threads=threads, cuda_graph=cuda_graph, preprocess=preprocess)
+    model = OCRModel(artifact, device=device, threads=threads, cuda_graph=cuda_graph, preprocess=preprocess,
+                     vision_ahead=vision_ahead)
     opts = DecodeOptions(max_new_tokens=tokens, ignore_stop=True, tail_repetition_stop=False)
     model.recognize(images[0], task=task, options=DecodeOptions(max_new_tokens=4, ignore_stop=True))   # warm-up
     sched = _Timed(model.scheduler(vision_ahead=vision_ahead))

@@ -31,10 +31,11 @@ __all__ = ["OCRModel", "OCRResult", "Prepared", "Stream", "open_session"]
 
 
 def open_session(path: Path, art: af.Artifact, backend: str, device: str, threads: int | None,
-                 cuda_graph: bool | None = None):
+                 cuda_graph: bool | None = None, vision_ahead: bool | None = None):
     if backend == "onnxruntime":
         from edgeocr.backends.ort import open_ort_session
-        return open_ort_session(path, art, device=device, threads=threads, cuda_graph=cuda_graph)
+        return open_ort_session(path, art, device=device, threads=threads, cuda_graph=cuda_graph,
+                                vision_ahead=vision_ahead)
     if backend in ("tensorrt", "tensorrt_rtx"):
         from edgeocr.backends.tensorrt import EXPERIMENTAL, TrtSession
         log.warning(EXPERIMENTAL)
@@ -83,7 +84,8 @@ class OCRModel:
         max_pixels: images larger than this are refused from their header (None: EDGEOCR_MAX_PIXELS, else
         edgeocr.preprocess.DEFAULT_MAX_PIXELS).
         vision_ahead: the default of this model's schedulers (None: EDGEOCR_VISION_AHEAD, else off): each page's
-        vision on its own thread while the other slots decode (edgeocr.slots)."""
+        vision on its own thread while the other slots decode (edgeocr.slots); on, the vision graph is not
+        replayed as a CUDA graph by default (edgeocr.ort_options.vision_graph_default)."""
         if preprocess is None:
             from edgeocr.bench import default_preprocess
             preprocess = default_preprocess(device, backend)
@@ -94,7 +96,7 @@ class OCRModel:
         self.vision_ahead = vision_ahead
         self.artifact = art = af.read(self.path)
         self.tokenizer = Tokenizer(self.path / art.tokenizer)
-        self.session = open_session(self.path, art, backend, device, threads, cuda_graph)
+        self.session = open_session(self.path, art, backend, device, threads, cuda_graph, vision_ahead)
         tk = art.tokens
         self.prompt_tokens = prompts.PromptTokens(bos=tk.bos, system_sep=tk.system_sep, im_start=tk.im_start,
                                                   im_end=tk.im_end, image=tk.image, user=tk.user)

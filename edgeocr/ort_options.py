@@ -24,9 +24,9 @@ import os
 
 CPU_SPIN_ENV = "EDGEOCR_CPU_SPIN"    # "1": let ONNX Runtime's CPU worker threads spin between kernels
 STREAM_PRIORITIES_ENV = "EDGEOCR_STREAM_PRIORITIES"   # "1": decoder on a high-priority CUDA stream, vision low
-VISION_ARENA_ENV = "EDGEOCR_VISION_ARENA"            # "shrink" (default) | "keep": the vision arena after each call
+VISION_ARENA_ENV = "EDGEOCR_VISION_ARENA"            # "shrink" (default without the vision graph) | "keep"
 CUDA_ARENA_ENV = "EDGEOCR_CUDA_ARENA"                # "separate" (default) | "shared": the sessions' CUDA arenas
-MEM_PATTERN_ENV = "EDGEOCR_MEM_PATTERN"              # "1" (default) | "0": ONNX Runtime's memory patterns
+MEM_PATTERN_ENV = "EDGEOCR_MEM_PATTERN"              # "1" | "0": ONNX Runtime's memory patterns (memory_patterns)
 PREFILL_GRAPH_ENV = "EDGEOCR_PREFILL_GRAPH"          # 1 | 0: a CUDA graph per prompt length's prefill
 VISION_GRAPH_ENV = "EDGEOCR_VISION_GRAPH"            # 1 | 0: the vision graph replayed as a CUDA graph
 VISION_AHEAD_ENV = "EDGEOCR_VISION_AHEAD"            # "1": schedulers run vision ahead unless told otherwise
@@ -121,12 +121,12 @@ def shared_arena_wanted() -> bool:
 
 def mem_pattern_wanted() -> bool | None:
     """Whether ONNX Runtime plans each run's activations as one block after the first run of a shape
-    (EDGEOCR_MEM_PATTERN: "1" or "0"; None when unset: on, except for a vision graph replayed as a CUDA graph).
+    (EDGEOCR_MEM_PATTERN: "1" or "0"; None when unset: `memory_patterns` decides, per session).
     Off, each activation is its own chunk of the arena, which the next run reuses chunk by chunk instead of asking
     for one more block the size of the whole plan."""
     if os.environ.get(MEM_PATTERN_ENV, "").strip() == "":
         return None
-    return _choice(MEM_PATTERN_ENV, "1", ("1", "0")) == "1"
+    return _choice(MEM_PATTERN_ENV, "", ("1", "0")) == "1"
 
 
 def _flag(env: str) -> bool:
@@ -144,9 +144,10 @@ def prefill_graph_wanted() -> bool | None:
     artifacts with GroupQueryAttention and in-graph selection, except those with device-resident step state).  One
     graph per slot and prompt length, captured on its third run on a thread (ONNX Runtime runs a graph id twice
     before it captures it, and keeps its graphs per thread); the prompt's ids and RoPE tables are written into the
-    same device buffers every time.  With them the decoder session runs without memory patterns (a replayed prefill
-    needs no plan).  Measured on an H100 (2026-12-06, docs/perf.md section 16): prefill 7.0 -> 6.1 ms; 72 MiB less
-    device memory after two pages, 164 MiB less with memory patterns off for both sessions."""
+    same device buffers (once for pages of the same instruction).  With them the decoder session runs without
+    memory patterns (a replayed prefill needs no plan).  Measured on an H100 (2026-12-06, docs/perf.md section 16):
+    prefill 7.0 -> 6.1 ms; 72 MiB less device memory after two pages, 164 MiB less with memory patterns off for
+    both sessions."""
     if os.environ.get(PREFILL_GRAPH_ENV, "").strip() == "":
         return None
     return _flag(PREFILL_GRAPH_ENV)
@@ -161,18 +162,19 @@ def vision_graph_wanted() -> bool | None:
     18): vision 18.6-19.0 -> 15.8 ms (FP16); device memory after two pages +210 MiB (FP16: 3,204.8, over its
     3,072 MiB target, hence off there) and +218 MiB (8-bit: 2,366.8 MiB, under its 2,560)."""
     if os.environ.get(VISION_GRAPH_ENV, "").strip() == "":
-        return None
+        return None                   # vision_graph_default decides
     return _flag(VISION_GRAPH_ENV)
 
 
-def vision_graph_default(native_weights: str | None) -> bool:
+def vision_graph_default(native_weights: str | None, vision_ahead: bool | None = None) -> bool:
     """EDGEOCR_VISION_GRAPH unset: replay the vision graph as a CUDA graph for native-step artifacts with 8-bit
     weights (`native_weights`: the artifact's native_step "weights"), where its kept arena still fits the 8-bit
     memory target, unless the arena is shared (EDGEOCR_CUDA_ARENA=shared), shrunk after each call
-    (EDGEOCR_VISION_ARENA=shrink) or visions run ahead on a worker thread (EDGEOCR_VISION_AHEAD=1; ONNX Runtime
-    keeps its CUDA graphs per thread)."""
+    (EDGEOCR_VISION_ARENA=shrink) or the model's schedulers run visions ahead on a worker thread (`vision_ahead`;
+    None: EDGEOCR_VISION_AHEAD=1; ONNX Runtime keeps its CUDA graphs per thread)."""
     shrink_asked = os.environ.get(VISION_ARENA_ENV, "").strip().lower() == "shrink"
-    return native_weights == "int8" and not shared_arena_wanted() and not vision_ahead_asked() and not shrink_asked
+    ahead = vision_ahead_asked() if vision_ahead is None else bool(vision_ahead)
+    return native_weights == "int8" and not shared_arena_wanted() and not ahead and not shrink_asked
 
 
 def memory_patterns(pattern: bool | None, vision_graph: bool, prefill_graph: bool) -> tuple[bool, bool]:

@@ -157,6 +157,7 @@ class DevicePreparer(Preparer):
         want = os.environ.get(LETTERBOX_ENV, "").strip().lower()
         if want not in ("", "kernels", "graph"):
             raise BackendError(f"{LETTERBOX_ENV}={want!r}: use 'kernels' or 'graph'")
+        self.jpeg = preprocess.jpeg_decoder()                              # "simplejpeg" | "pillow", at load
         geometry = dict(canvas=spec.canvas, pad_value=spec.pad_value, mean=spec.mean, std=spec.std)
         self.engine, self.letterbox = "graph", None          # letterbox(rgb, size) -> (pixels OrtValue, Letterbox)
         if device == "cuda" and want != "graph":
@@ -180,7 +181,7 @@ class DevicePreparer(Preparer):
             (data, name), limit = preprocess.read_bytes(image), self.max_pixels
         else:
             return super()._load(image)
-        decoded = preprocess.decode_jpeg_array(data, name, limit)
+        decoded = preprocess.decode_jpeg_array(data, name, limit) if self.jpeg == "simplejpeg" else None
         if decoded is not None:
             return decoded
         img = preprocess.decode_bytes(data, name, limit)

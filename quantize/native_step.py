@@ -357,8 +357,8 @@ def _vision_gemms(vg, m: af.Artifact, wanted: bool | None) -> dict:
             return {"skipped": "the artifact is not fused"}
     if not wanted:
         return {"skipped": "not asked"}
-    from quantize.fuse import _finish, _onnx_model, constants_to_initializers, patch_conv_as_matmul, \
-        unpack_attention_qkv
+    from quantize.fuse import (_finish, _onnx_model, constants_to_initializers, patch_conv_as_matmul,
+                               unpack_attention_qkv)
     constants_to_initializers(vg)
     om = _onnx_model(vg)
     done = {"attention_qkv": unpack_attention_qkv(om), "patch_gemm": patch_conv_as_matmul(om)}
@@ -389,6 +389,9 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
     vision = vision or ("int8" if weights == "int8" else "float")
     if vision not in ("float", "int8"):
         raise ValueError(f"vision must be 'float' or 'int8', not {vision!r}")
+    if vision_gemms and vision != "int8":
+        raise ValueError("the vision GEMM passes come with 8-bit vision weights here (--vision int8); for an FP16 "
+                         "vision graph fuse with --vision-gemms")
     from quantize.export import _file_table, _io, copy_unwritten
     from quantize.fuse import load_graph, op_counts, save_graph
 
@@ -445,9 +448,10 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
         from quantize.weight_int8 import kept_matmuls, quantize_matmuls
         vg = load_graph(src / m.vision.file)
         gemms = _vision_gemms(vg, m, vision_gemms)
-        if gemms.get("attention_qkv") or gemms.get("patch_gemm"):
+        if "skipped" not in gemms:
             say(f"vision: q|k|v as three MatMuls in {gemms['attention_qkv']} layers, the patch Conv as a MatMul "
-                f"({gemms['patch_gemm']})")
+                f"({gemms['patch_gemm']})" + ("" if any(gemms.values()) else ": no pattern matched, the vision "
+                                              "graph is as fused"))
         qv, qdone, eligible = quantize_matmuls(vg, BLOCK, kept_matmuls(vg), 8, None)
         if qdone == 0:
             raise ValueError(f"{src / m.vision.file}: no MatMul with a constant weight to quantize (--vision float "

@@ -12,6 +12,9 @@
 #   4. scripts/gpu_perf.py memory after 4 pages of 256 tokens under each of MEMORY (form:setting)
 #   5. `edgeocr bench` (first token: medians of 7 one-token calls) under each of BENCH (form:setting), twice,
 #      alternating
+# Forms: float / int8 = the default fusion's native-step artifacts (scripts/gpu_realsize.sh), gfloat / gint8 = those of
+# the --vision-gemms fusion.  Since `quantize native-step` applies the vision GEMM passes to 8-bit vision weights
+# (2026-12-06), int8 and gint8 are the same vision graph; the first calls measured int8 without them.
 # Steps that would end past DEADLINE seconds (default 560) are skipped and logged.  Everything lands in
 # $OUT/results.tar.gz.
 set -uo pipefail

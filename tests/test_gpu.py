@@ -245,7 +245,7 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights):
     assert not bad, bad
     monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
     ref = OCRModel(tmp_path / "native", device="cuda")
-    assert ref.session.engine == "onnxruntime"
+    assert ref.session.engine == "onnxruntime" and ref.session.vision_graph == (weights == "int8")
     want = dict(ref.recognize_many(pages, task="structured_parse", options=o))
     a, b = ({i: r.token_ids for i, r in d.items()} for d in (got, want))
     assert set(a) == set(b) == set(range(len(pages)))

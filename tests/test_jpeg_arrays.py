@@ -4,19 +4,20 @@ take."""
 
 from __future__ import annotations
 
-import glob
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
+import simplejpeg                   # a dev dependency (scripts/setup.sh); the [cuda] extra's on a GPU machine
 from PIL import Image
 
 from edgeocr import preprocess
-from edgeocr.errors import ImageError, ImageTooLarge, PageTooSmall
-from edgeocr.prepare import open_preparer
 from edgeocr.artifact import ImageSpec
+from edgeocr.errors import BackendError, ImageError, ImageTooLarge, PageTooSmall
+from edgeocr.prepare import open_preparer
 
-import simplejpeg  # noqa: E402  (a dev dependency: installed by scripts/setup.sh)
+EVAL = Path(__file__).resolve().parents[1] / "calibration_data" / "eval"
 
 SPEC = ImageSpec(canvas=1024, patch_size=16, merge_size=2, n_image_tokens=1056, mean=preprocess.MEAN,
                  std=preprocess.STD, pad_value=255)
@@ -59,11 +60,11 @@ def test_same_pixels_as_pillow(kind):
 
 
 def test_same_pixels_as_pillow_on_the_shipped_pages():
-    files = sorted(glob.glob("calibration_data/eval/*.jpg"))[:12]
-    assert files
+    files = sorted(EVAL.glob("*.jpg"))[:12]
+    assert len(files) == 12
     for f in files:
-        data = open(f, "rb").read()
-        rgb, _ = preprocess.decode_jpeg_array(data, f)
+        data = f.read_bytes()
+        rgb, _ = preprocess.decode_jpeg_array(data, f.name)
         assert np.array_equal(rgb, _pillow(data)), f
 
 
@@ -88,15 +89,24 @@ def test_the_header_is_checked_before_decoding(monkeypatch):
         preprocess.decode_jpeg_array(_jpeg(np.zeros((8, 40, 3), np.uint8)), "tiny.jpg")
 
 
-def test_edgeocr_jpeg_setting(monkeypatch):
-    data = _variants()["4:2:0"]
-    monkeypatch.setenv(preprocess.JPEG_ENV, "pillow")
-    assert preprocess.jpeg_decoder() == "pillow" and preprocess.decode_jpeg_array(data) is None
-    monkeypatch.setenv(preprocess.JPEG_ENV, "turbo")
-    with pytest.raises(ImageError, match="EDGEOCR_JPEG='turbo'"):
-        preprocess.jpeg_decoder()
+def test_edgeocr_jpeg_setting_is_read_at_load(monkeypatch):
+    """EDGEOCR_JPEG picks the decoder when the preparer is made; a bad value, or simplejpeg asked for where it is
+    not installed, fails there (a settings error), not as an image error on every page."""
+    monkeypatch.setenv(preprocess.JPEG_ENV, " Pillow ")
+    assert preprocess.jpeg_decoder() == "pillow"
     monkeypatch.setenv(preprocess.JPEG_ENV, "simplejpeg")
     assert preprocess.jpeg_decoder() == "simplejpeg"
+    monkeypatch.delenv(preprocess.JPEG_ENV)
+    assert preprocess.jpeg_decoder() == "simplejpeg"
+    monkeypatch.setenv(preprocess.JPEG_ENV, "turbo")
+    with pytest.raises(BackendError, match="EDGEOCR_JPEG='turbo'"):
+        open_preparer("device", SPEC, device="cpu")
+    monkeypatch.setenv(preprocess.JPEG_ENV, "simplejpeg")
+    monkeypatch.setitem(__import__("sys").modules, "simplejpeg", None)          # not installed
+    with pytest.raises(BackendError, match="simplejpeg is not installed"):
+        open_preparer("device", SPEC, device="cpu")
+    monkeypatch.delenv(preprocess.JPEG_ENV)
+    assert open_preparer("device", SPEC, device="cpu").jpeg == "pillow"
 
 
 def test_device_preparer_decodes_jpegs_with_simplejpeg(monkeypatch, tmp_path):
@@ -106,22 +116,26 @@ def test_device_preparer_decodes_jpegs_with_simplejpeg(monkeypatch, tmp_path):
     calls = []
     real = simplejpeg.decode_jpeg
     monkeypatch.setattr(simplejpeg, "decode_jpeg", lambda *a, **k: calls.append(1) or real(*a, **k))
-    prep = open_preparer("device", SPEC, device="cpu")
     data = _variants()["4:4:4"]
     path = tmp_path / "page.jpg"
     path.write_bytes(data)
     monkeypatch.setenv(preprocess.JPEG_ENV, "pillow")
-    ref = prep(data)
+    ref = open_preparer("device", SPEC, device="cpu")(data)
     assert not calls
     monkeypatch.delenv(preprocess.JPEG_ENV)
+    prep = open_preparer("device", SPEC, device="cpu")
+    assert prep.jpeg == "simplejpeg"
     for src in (path, str(path), data, bytearray(data), preprocess.ImageBytes(data, 10**6, "upload.jpg")):
         p = prep(src)
         assert isinstance(p.pixels, np.ndarray) and np.array_equal(p.pixels, ref.pixels)
         assert p.letterbox == ref.letterbox and p.blank == ref.blank is False
     assert len(calls) == 5
-    png = io.BytesIO()
+    png, cmyk = io.BytesIO(), io.BytesIO()
     Image.fromarray(_page()).save(png, "PNG")
+    Image.fromarray(_page()).convert("CMYK").save(cmyk, "JPEG")
     assert np.array_equal(prep(png.getvalue()).pixels, _page()) and len(calls) == 5
+    got = prep(cmyk.getvalue()).pixels                                  # Pillow's CMYK -> RGB
+    assert len(calls) == 5 and np.array_equal(got, np.asarray(preprocess.decode_bytes(cmyk.getvalue())))
     with pytest.raises(ImageError, match="truncated or corrupt"):
         prep(data[:1500])
     with pytest.raises(ImageTooLarge, match="upload.jpg"):

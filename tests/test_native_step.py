@@ -768,6 +768,8 @@ def test_int8_vision_weights_take_the_vision_gemm_passes_of_a_fused_artifact(art
     assert after["MatMulNBits"] == before["MatMulNBits"] + 2 * layers           # q|k|v: one weight -> three
     pixels = np.random.default_rng(5).standard_normal((1, 3, 1024, 1024)).astype(np.float32)
     assert np.abs(embeds(tmp_path / "g") - embeds(tmp_path / "n")).max() < 1e-4
+    with pytest.raises(ValueError, match="8-bit vision weights"):
+        native_step_artifact(arts["b-fused"], tmp_path / "f", vision="float", vision_gemms=True)
     m = native_step_artifact(arts["a"], tmp_path / "u", weights="int8")
     assert m.export["native_step"]["vision"]["gemm_passes"] == {"skipped": "the artifact is not fused"}
     fuse_artifact(arts["b"], tmp_path / "bg", FuseOptions(target="portable", vision_gemms=True))

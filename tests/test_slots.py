@@ -696,3 +696,12 @@ def test_a_prompt_shared_by_pages_is_written_into_the_prefill_buffers_once(gqa_a
     for _ in range(2):                          # writable copies: written each time
         s.prefill(0, ids.copy(), cos.copy(), sin.copy())
     assert sum(writes) == n + 2
+
+
+def test_the_models_vision_ahead_reaches_its_session(gqa_arts, monkeypatch):
+    """OCRModel(vision_ahead=...) is the session's too (it keeps the vision graph's CUDA graph off by default,
+    edgeocr.ort_options.vision_graph_default); None leaves it to EDGEOCR_VISION_AHEAD."""
+    monkeypatch.delenv("EDGEOCR_VISION_AHEAD", raising=False)
+    for asked in (True, False, None):
+        m = OCRModel(gqa_arts["a"], vision_ahead=asked)
+        assert m.session._vision_ahead is asked and m.scheduler().vision_ahead is bool(asked)

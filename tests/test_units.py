@@ -254,9 +254,13 @@ def test_vision_graph_and_memory_pattern_defaults(monkeypatch):
         monkeypatch.delenv(env)
     monkeypatch.setenv("EDGEOCR_VISION_ARENA", "keep")
     assert vision_graph_default("int8")
+    assert not vision_graph_default("int8", vision_ahead=True)         # the model's own choice wins over the env
+    monkeypatch.setenv("EDGEOCR_VISION_AHEAD", "1")
+    assert vision_graph_default("int8", vision_ahead=False) and not vision_graph_default("int8")
     assert memory_patterns(None, vision_graph=False, prefill_graph=False) == (True, True)
     assert memory_patterns(None, vision_graph=True, prefill_graph=True) == (False, False)
     assert memory_patterns(None, vision_graph=False, prefill_graph=True) == (True, False)
+    assert memory_patterns(None, vision_graph=True, prefill_graph=False) == (False, True)
     assert memory_patterns(True, vision_graph=True, prefill_graph=True) == (True, False)
     assert memory_patterns(False, vision_graph=False, prefill_graph=False) == (False, False)
 

@@ -532,7 +532,7 @@ class NativeStepSession(GqaSession):
     apply, ONNX Runtime's."""
 
     def __init__(self, path: Path, art: Artifact, device: str = "cpu", threads: int | None = None,
-                 cuda_graph: bool | None = None):
+                 cuda_graph: bool | None = None, vision_ahead: bool | None = None):
         spec = art.decoder.native_step
         why = spec_problem(art, path)
         if why:
@@ -558,7 +558,7 @@ class NativeStepSession(GqaSession):
             raise BackendError(f"{ENV}=numpy runs on the CPU only")
         self._native_path = Path(path)
         super().__init__(path, art, device=device, threads=threads,
-                         cuda_graph=False if self.engine == "native-cuda" else cuda_graph)
+                         cuda_graph=False if self.engine == "native-cuda" else cuda_graph, vision_ahead=vision_ahead)
         self.name = f"{self.name}+{self.engine}" if self.engine != "onnxruntime" else self.name
         # the step's CUDA graph: the native step's own, or ONNX Runtime's
         self.step_cuda_graph = self._native.graph if self.engine == "native-cuda" else self.cuda_graph

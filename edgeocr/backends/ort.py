@@ -72,9 +72,10 @@ def available_providers() -> list[str]:
 
 
 def open_ort_session(path: Path, art: Artifact, device: str = "cpu", threads: int | None = None,
-                     cuda_graph: bool | None = None) -> "OrtSession":
+                     cuda_graph: bool | None = None, vision_ahead: bool | None = None) -> "OrtSession":
     """The session class for the artifact's decoder flavour.  Refuses at once an ONNX Runtime older than the
-    one the artifact's graphs need (its manifest says which)."""
+    one the artifact's graphs need (its manifest says which).  vision_ahead: whether the model's schedulers run
+    visions on a worker thread (None: EDGEOCR_VISION_AHEAD); it keeps the vision graph's CUDA graph off by default."""
     from edgeocr.artifact import onnxruntime_shortfall
 
     short = onnxruntime_shortfall(art, _ort().__version__)
@@ -95,7 +96,7 @@ def open_ort_session(path: Path, art: Artifact, device: str = "cpu", threads: in
                                 "tokens in the graph, without step state")
         from edgeocr.backends.native_step import NativeStepSession
         cls = NativeStepSession
-    return cls(path, art, device=device, threads=threads, cuda_graph=cuda_graph)
+    return cls(path, art, device=device, threads=threads, cuda_graph=cuda_graph, vision_ahead=vision_ahead)
 
 
 class OrtSession(abc.ABC):
@@ -109,8 +110,9 @@ class OrtSession(abc.ABC):
     prefill_beside_ok = False   # the flavour can prefill a slot on a second decoder session beside the step
 
     def __init__(self, path: Path, art: Artifact, device: str = "cpu", threads: int | None = None,
-                 cuda_graph: bool | None = None):
+                 cuda_graph: bool | None = None, vision_ahead: bool | None = None):
         ort = _ort()
+        self._vision_ahead = vision_ahead   # the model's schedulers' default (None: EDGEOCR_VISION_AHEAD)
         self.art, self._ort = art, ort
         kv = art.kv
         self.slots, self.cache_len = kv.slots, kv.cache_len
@@ -174,6 +176,8 @@ class OrtSession(abc.ABC):
             if dec_pattern != vis_pattern:
                 dec_so = _session_options(ort, device, threads)
                 dec_so.enable_mem_pattern = dec_pattern
+                if shared:
+                    share_arena(ort, dec_so)
             self.arena += (f", {'shrunk' if shrink else 'kept'} after vision, memory patterns: vision "
                            f"{'on' if vis_pattern else 'off'}, decoder {'on' if dec_pattern else 'off'}")
         self._set_cuda_stack()
@@ -210,7 +214,7 @@ class OrtSession(abc.ABC):
                 prefill = (self.inplace and self._graph_select and bool(native)                     # arena
                            and not shared_arena_wanted())                                           # is shared
             if vision is None:            # the default: where its arena fits the memory target (8-bit weights)
-                vision = vision_graph_default(native.get("weights"))
+                vision = vision_graph_default(native.get("weights"), self._vision_ahead)
         except ValueError as e:
             raise BackendError(str(e)) from None
         if prefill and not (self.inplace and self._graph_select):
@@ -486,13 +490,15 @@ class OrtSession(abc.ABC):
         mem, b = self.mem, self._prefill_binding(decoder, slot, beside)
         prompt = (input_ids, cos, sin)
         last, self._pf_prompt = self._pf_prompt, None
-        if beside or self.prefill_decoder is not None or last is None or any(x is not y for x, y in zip(prompt, last)):
+        if self.prefill_decoder is not None or last is None or any(x is not y for x, y in zip(prompt, last)):
             mem.write(self.pf_ids, input_ids)
             mem.write(self.pf_cos, cos)          # 1.1 MB of RoPE tables at the real size
             mem.write(self.pf_sin, sin)
-        if not beside and self.prefill_decoder is None and not any(a.flags.writeable for a in prompt):
-            self._pf_prompt = prompt             # read-only (a prompt shared by every page with its instruction):
-        mem.write(self.pf_len, np.asarray([self._prefill_len_value(s)], self._len_dtype))    # the same next time
+        if self.prefill_decoder is None and all(not a.flags.writeable and a.base is None for a in prompt):
+            # read-only arrays that own their data (the model's prompt, shared by every page with its
+            # instruction): the same contents next time they come
+            self._pf_prompt = prompt
+        mem.write(self.pf_len, np.asarray([self._prefill_len_value(s)], self._len_dtype))
         mem.sync()
         self._bind(b, "input_ids", self.pf_ids, [1, s])
         self._bind(b, "cos", self.pf_cos, [1, s, self.head_dim])
@@ -524,7 +530,8 @@ class OrtSession(abc.ABC):
 
     def prefill(self, slot: int, input_ids: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """input_ids [S] int64 (image slots included), cos/sin [S, D] float32 -> writes the slot's cache rows
-        [0, S); returns the logits of the last position, [V] float32 (a view, valid until the next call)."""
+        [0, S); returns the logits of the last position, [V] float32 (a view, valid until the next call).  Arrays
+        that are read-only and own their data are taken as unchanging: passed again, they are not copied again."""
         self._prefill(slot, input_ids, cos, sin)
         return self.mem.read(self.logits, self.h_logits[:1])[0]
 

@@ -34,7 +34,8 @@ def open_model(cfg):
     """Load the artifact; returns the loaded model (edgeocr.model.OCRModel) and what /v1/info reports about it."""
     from edgeocr.model import OCRModel
 
-    model = OCRModel(cfg.artifact, device=cfg.device, threads=cfg.threads or None, max_pixels=cfg.max_pixels)
+    model = OCRModel(cfg.artifact, device=cfg.device, threads=cfg.threads or None, max_pixels=cfg.max_pixels,
+                     vision_ahead=cfg.vision_ahead)
     m = model.artifact
     info = {"version": __version__, "backend": model.session.name, "precision": m.precision,
             "device": cfg.device, "artifact": str(cfg.artifact),
