@@ -142,3 +142,17 @@ def test_device_preparer_decodes_jpegs_with_simplejpeg(monkeypatch, tmp_path):
         prep(preprocess.ImageBytes(data, 1000, "upload.jpg"))
     blank = prep(_jpeg(np.full((200, 150, 3), 250, np.uint8)))
     assert blank.blank is True
+
+
+def test_doctor_names_the_jpeg_decoder(monkeypatch, capsys):
+    """`edgeocr doctor` says which library decodes the device path's JPEGs, and fails a bad EDGEOCR_JPEG."""
+    from edgeocr.doctor import doctor
+    monkeypatch.delenv(preprocess.JPEG_ENV, raising=False)
+    doctor(None, None)
+    assert "[ok  ] jpeg decoder           simplejpeg" in capsys.readouterr().out
+    monkeypatch.setenv(preprocess.JPEG_ENV, "pillow")
+    doctor(None, None)
+    assert "[--  ] jpeg decoder           Pillow" in capsys.readouterr().out
+    monkeypatch.setenv(preprocess.JPEG_ENV, "libjpeg")
+    assert doctor(None, None) == 1
+    assert "[FAIL] jpeg decoder           EDGEOCR_JPEG='libjpeg'" in capsys.readouterr().out
