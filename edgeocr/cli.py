@@ -285,7 +285,7 @@ _CUT_HINTS = {
 def _summary_line(rec: dict, label: str, remote: bool = False) -> str:
     t = rec["timings_ms"]
     if rec["finish_reason"] == FinishReason.BLANK:
-        return f"[{label}] blank page (no ink): empty result, the model was not run"
+        return f"[{label}] blank page (no ink): empty result, no token decoded"
     hint = _CUT_HINTS.get(rec["finish_reason"])     # a FinishReason hashes as its value: str records look up too
     return (f"[{label}] {rec['generated_tokens']} tokens, finish={rec['finish_reason']}, total {t['total']:.0f} ms "
             f"(vision {t.get('vision', 0):.0f}, prefill {t.get('prefill', 0):.0f}, "

@@ -29,7 +29,7 @@ class FinishReason(str, Enum):
     CACHE_FULL = "cache_full"       # the static KV cache is full
     REPETITION = "repetition"       # the output tail repeats (spec §7.3)
     CANCELLED = "cancelled"         # the caller stopped it (stop_check, client gone, deadline, shutdown)
-    BLANK = "blank"                 # the page has no ink: nothing was generated, the model was not run
+    BLANK = "blank"                 # the page has no ink: nothing was generated (no prefill, no decode step)
 
     def __str__(self) -> str:
         return self.value

@@ -65,8 +65,8 @@ def device_fit(art, device: str) -> list[str]:
     out = []
     if device == "cpu":
         if art.precision == "int8":
-            out.append("calibrated INT8 (Q/DQ) is made for TensorRT; ONNX Runtime's CPU provider runs it about 5x "
-                       f"slower per token than FP32 (demo model: 3.23 vs 0.66 ms); {cpu_fix}")
+            out.append("calibrated INT8 (Q/DQ) is made for TensorRT; ONNX Runtime's CPU provider runs it several "
+                       f"times slower per token than FP32 (demo model, docs/int8.md: 3.23 vs 0.66 ms); {cpu_fix}")
         if w8 and w8.get("accuracy_level", 0) != 4:
             out.append("its MatMulNBits weights are dequantized to floating point on every call on the CPU "
                        f"(accuracy_level {w8.get('accuracy_level', 0)}): about 4x slower per token than FP32; "

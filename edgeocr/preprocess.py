@@ -233,8 +233,8 @@ def jpeg_decoder() -> str:
         import simplejpeg  # noqa: F401
     except ImportError:
         if want == "simplejpeg":
-            raise BackendError(f"{JPEG_ENV}=simplejpeg but simplejpeg is not installed: pip install "
-                               "'edgeocr[cuda]'") from None
+            raise BackendError(f"{JPEG_ENV}=simplejpeg but simplejpeg is not installed: pip install simplejpeg "
+                               "(part of the [cuda] extra)") from None
         return "pillow"
     return "simplejpeg"
 

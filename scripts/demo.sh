@@ -36,7 +36,7 @@ sys.exit(json.loads(Path(sys.argv[1], "manifest.json").read_text())["source"]["s
 done
 [ -f build/demo-fp32/manifest.json ] || step "exporting demo_model -> build/demo-fp32" \
     $PY -m quantize export demo_model build/demo-fp32 --cache-len 2048 --prefill-len 1280
-[ -f build/demo-int8/manifest.json ] || step "calibrating INT8 -> build/demo-int8 (2-4 min)" \
+[ -f build/demo-int8/manifest.json ] || step "calibrating INT8 -> build/demo-int8 (4-8 min)" \
     $PY -m quantize int8 demo_model build/demo-int8 --calib calibration_data/calib --cache-len 2048 --prefill-len 1280
 step "reading 3 held-out pages with FP32 and INT8" \
     $PY -m edgeocr check --reference build/demo-fp32 --candidate build/demo-int8 --data calibration_data/eval \

@@ -23,7 +23,9 @@ def main(report_path: str, fp32: str, int8: str) -> None:
           f"ground truth, then each build's CER and text")
     print(format_pages(report, names=("FP32", "INT8")))
     print("(texts cut to their start; INT8 is the calibrated Q/DQ build made for TensorRT, which ONNX Runtime's CPU "
-          "provider runs slower than FP32: the CPU build is `python -m quantize weight-int8 ART OUT --target cpu`)")
+          "provider runs slower than FP32; the CPU build is an FP32 export with --attention gqa --select-on-device, "
+          "`quantize fuse --target portable`, then `quantize weight-int8 FUSED OUT --target cpu`: README, which "
+          "artifact on which device)")
     print(f"\nartifacts  {fp32} ({_mib(Path(fp32))}), {int8} ({_mib(Path(int8))})")
     print(f"report     {report_path} and {Path(report_path).with_suffix('.csv')} (every page, every metric)")
     print("next       .venv/bin/edgeocr run calibration_data/eval/000004.jpg --model build/demo-fp32   # one page\n"

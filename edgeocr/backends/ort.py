@@ -260,13 +260,15 @@ class OrtSession(abc.ABC):
             return ["CPUExecutionProvider"], ["CPUExecutionProvider"]
         if device != "cuda":
             raise BackendError(f"unknown device {device!r} for onnxruntime; use 'cpu' or 'cuda'")
-        if self.inplace and self.kv_dtype == np.float32:
-            raise BackendError("this artifact's decoder uses GroupQueryAttention, which ONNX Runtime's CUDA "
-                               "provider runs in fp16/bf16 only: export it with --precision fp16 for CUDA, "
-                               "or with --attention masked, or run it on the CPU")
+        fp32_gqa = ("this artifact's decoder uses GroupQueryAttention, which ONNX Runtime's CUDA provider runs in "
+                    "fp16/bf16 only: export it with --precision fp16 for CUDA, or with --attention masked, or run it "
+                    "on the CPU") if self.inplace and self.kv_dtype == np.float32 else ""
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             raise BackendError("CUDAExecutionProvider is not available in this onnxruntime "
-                               f"(providers: {ort.get_available_providers()}); pip install 'edgeocr[cuda]'")
+                               f"(providers: {ort.get_available_providers()}); pip install 'edgeocr[cuda]' on a "
+                               "machine with an NVIDIA GPU" + (f" (and {fp32_gqa})" if fp32_gqa else ""))
+        if fp32_gqa:
+            raise BackendError(fp32_gqa)
         # TF32 off for FP32 artifacts (exact numerics), the arena grown by what is asked, no maximal cuDNN
         # workspace: edgeocr.ort_options
         from edgeocr.ort_options import cuda_provider_options, priority_stream_options, stream_priorities_wanted
