@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -175,16 +174,13 @@ class DevicePreparer(Preparer):
     def _load(self, image):
         """An encoded JPEG is decoded into an array by simplejpeg where installed (preprocess.jpeg_decoder: the
         same pixels as Pillow's, without Pillow's copy out); everything else by Pillow."""
-        if isinstance(image, preprocess.ImageBytes):
-            data, name, limit = image.data, image.name, image.max_pixels
-        elif isinstance(image, (bytes, bytearray, memoryview, str, Path)):
-            (data, name), limit = preprocess.read_bytes(image), self.max_pixels
-        else:
+        enc = preprocess.encoded(image, self.max_pixels)
+        if enc is None:
             return super()._load(image)
-        decoded = preprocess.decode_jpeg_array(data, name, limit) if self.jpeg == "simplejpeg" else None
+        decoded = preprocess.decode_jpeg_array(*enc) if self.jpeg == "simplejpeg" else None
         if decoded is not None:
             return decoded
-        img = preprocess.decode_bytes(data, name, limit)
+        img = preprocess.decode_bytes(*enc)
         return img, img.size
 
     def _fit(self, img, size):

@@ -147,11 +147,20 @@ def load_image(src, max_pixels: int | None = None) -> "PIL.Image.Image":  # noqa
     if isinstance(src, Image.Image):
         check_size(src.width, src.height, "image", src.width * src.height)
         return src.convert("RGB")
-    if isinstance(src, ImageBytes):
-        return decode_bytes(src.data, src.name, src.max_pixels)
-    if not isinstance(src, (bytes, bytearray, memoryview, str, Path)):
+    enc = encoded(src, max_pixels)
+    if enc is None:
         raise ImageError(f"unsupported image type {type(src).__name__}; pass a path, bytes or a numpy array")
-    return decode_bytes(*read_bytes(src), max_pixels)
+    return decode_bytes(*enc)
+
+
+def encoded(src, max_pixels: int | None = None) -> tuple[bytes, str, int | None] | None:
+    """(data, the name messages use, pixel limit) of an encoded source: a path or bytes (read here, under
+    `max_pixels`) or an ImageBytes (under its own limit); None for anything else (a decoded image)."""
+    if isinstance(src, ImageBytes):
+        return src.data, src.name, src.max_pixels
+    if isinstance(src, (bytes, bytearray, memoryview, str, Path)):
+        return (*read_bytes(src), max_pixels)
+    return None
 
 
 def decode_bytes(data: bytes, name: str = "image", max_pixels: int | None = None):
@@ -268,11 +277,9 @@ def load_image_for_canvas(src, canvas: int = CANVAS,
     """load_image for the fast path: a JPEG file or bytes is decoded at reduced scale where the letterbox
     allows (see _decode).  Returns the RGB image and the source's original (width, height), which the
     letterbox geometry and the boxes of the result refer to."""
-    if isinstance(src, ImageBytes):
-        return _decode(src.data, src.name, src.max_pixels, canvas=canvas)
-    if isinstance(src, (bytes, bytearray, memoryview, str, Path)):
-        data, name = read_bytes(src)
-        return _decode(data, name, max_pixels, canvas=canvas)
+    enc = encoded(src, max_pixels)
+    if enc is not None:
+        return _decode(*enc, canvas=canvas)
     img = load_image(src, max_pixels)
     return img, img.size
 

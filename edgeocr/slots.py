@@ -41,7 +41,7 @@ import numpy as np
 from edgeocr import decode
 from edgeocr.decode import DecodeOptions, FinishReason, Sequence
 from edgeocr.errors import BackendError
-from edgeocr.ort_options import VISION_AHEAD_ENV
+from edgeocr.ort_options import VISION_AHEAD_ENV, vision_ahead_asked  # noqa: F401  (VISION_AHEAD_ENV: edgeocr.slots names it too)
 from edgeocr.prepare import Prepared, Preparer
 from edgeocr.result import drop_cut_character
 from edgeocr.selection import Selection
@@ -122,7 +122,7 @@ class SlotScheduler:
         self.session, self.preparer, self.tokenizer, self.results = session, preparer, tokenizer, results
         self.selection = selection if selection is not None else session.selection()
         if vision_ahead is None:          # off: on the H200 it did not beat waiting admission (docs/batching.md)
-            vision_ahead = _env_on(VISION_AHEAD_ENV)
+            vision_ahead = vision_ahead_asked()
         if vision_ahead and getattr(session, "vision_graph", False):
             # ONNX Runtime keeps a CUDA graph per thread: the worker would capture its own while the steps run
             log.warning("vision ahead is off for this scheduler: the session replays its vision as a CUDA graph "

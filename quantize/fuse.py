@@ -460,6 +460,19 @@ def unpack_attention_qkv(om) -> int:
     return n
 
 
+def _vision_gemm_passes(om) -> dict[str, int]:
+    return {"attention_qkv": unpack_attention_qkv(om), "patch_gemm": patch_conv_as_matmul(om)}
+
+
+def vision_gemms(model) -> dict[str, int]:
+    """The vision GEMM passes (`--vision-gemms`) on a fused vision ModelProto, in place; {pass: rewrites}."""
+    constants_to_initializers(model)
+    om = _onnx_model(model)
+    done = _vision_gemm_passes(om)
+    _finish(om)
+    return done
+
+
 def _input_dims(om, name: str) -> list[int] | None:
     """The static dims of graph input `name`, followed back through Casts; None where not known."""
     out2node = om.output_name_to_node()
@@ -832,8 +845,7 @@ def fuse_vision(model, opts: FuseOptions = FuseOptions()) -> dict[str, int]:
     if opts.attention_bias:
         done["attention_bias"] = fold_attention_bias(om)
     if opts.vision_gemms:
-        done["attention_qkv"] = unpack_attention_qkv(om)
-        done["patch_gemm"] = patch_conv_as_matmul(om)
+        done.update(_vision_gemm_passes(om))
     _finish(om)
     return done
 

@@ -357,13 +357,8 @@ def _vision_gemms(vg, m: af.Artifact, wanted: bool | None) -> dict:
             return {"skipped": "the artifact is not fused"}
     if not wanted:
         return {"skipped": "not asked"}
-    from quantize.fuse import (_finish, _onnx_model, constants_to_initializers, patch_conv_as_matmul,
-                               unpack_attention_qkv)
-    constants_to_initializers(vg)
-    om = _onnx_model(vg)
-    done = {"attention_qkv": unpack_attention_qkv(om), "patch_gemm": patch_conv_as_matmul(om)}
-    _finish(om)
-    return done
+    from quantize.fuse import vision_gemms
+    return vision_gemms(vg)
 
 
 def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "float",
