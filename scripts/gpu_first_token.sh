@@ -12,6 +12,9 @@
 #   4. scripts/gpu_perf.py memory after 4 pages of 256 tokens under each of MEMORY (form:setting)
 #   5. `edgeocr bench` (first token: medians of 7 one-token calls) under each of BENCH (form:setting), twice,
 #      alternating
+#   6. scripts/gpu_profile.py of each form in PROFILE (CUDA kernels per stage, each stage's kernels in launch order)
+# HOST=0 skips step 2.  Setting fpa: ORT_FPA_INTB_GEMM=1 (ONNX Runtime's CUTLASS fpA_intB GEMM for the MatMulNBits
+# nodes it accepts: 8-bit, blocks of 32, N and K multiples of 32).
 # Forms: float / int8 = the default fusion's native-step artifacts (scripts/gpu_realsize.sh), gfloat / gint8 = those of
 # the --vision-gemms fusion.  Since `quantize native-step` applies the vision GEMM passes to 8-bit vision weights
 # (2026-12-06), int8 and gint8 are the same vision graph; the first calls measured int8 without them.
@@ -35,7 +38,7 @@ for form in ${GEMM_FORMS-float}; do
   [ -f "$G-native-$form/manifest.json" ] || run "native_gemms_$form" 300 $PY -m quantize native-step "$G" \
     "$G-native-$form" --weights "$form" || exit 1
 done
-run host_decode 60 $PY scripts/host_decode_bench.py "$IMG" --repeats 30 --json "$R/host_decode.json"
+[ "${HOST:-1}" = 1 ] && run host_decode 60 $PY scripts/host_decode_bench.py "$IMG" --repeats 30 --json "$R/host_decode.json"
 [ "${SESSION_MEMORY:-0}" = 1 ] && run vision_session_memory 150 $PY scripts/gpu_vision_session_memory.py \
   "$F-native-float" "$G-native-float" --levels "${SESSION_LEVELS:-all,disabled}" --json "$R/vision_session_memory.json"
 
@@ -44,7 +47,8 @@ declare -A ART=([float]="$F-native-float" [int8]="$F-native-int8" [gfloat]="$G-n
                 [gint8]="$G-native-int8")
 declare -A SET=([base]="" [init]="" [nopat]="EDGEOCR_MEM_PATTERN=0" [vg]="EDGEOCR_VISION_GRAPH=1"
                 [novg]="EDGEOCR_VISION_GRAPH=0" [vgnopat]="EDGEOCR_VISION_GRAPH=1 EDGEOCR_MEM_PATTERN=0"
-                [vgpat]="EDGEOCR_VISION_GRAPH=1 EDGEOCR_MEM_PATTERN=1" [pil]="EDGEOCR_JPEG=pillow")
+                [vgpat]="EDGEOCR_VISION_GRAPH=1 EDGEOCR_MEM_PATTERN=1" [pil]="EDGEOCR_JPEG=pillow"
+                [fpa]="ORT_FPA_INTB_GEMM=1")
 for spec in ${MEMORY-float:base gfloat:base gfloat:init gfloat:nopat float:vgnopat int8:vgnopat}; do
   IFS=: read -r form set <<< "$spec"
   [ "$(left)" -gt 30 ] || { say "skipped memory_${form}_$set (deadline)"; continue; }
@@ -61,4 +65,9 @@ for k in 1 2; do
     run "bench_${form}_${set}_$k" 60 env EDGEOCR_NATIVE_STEP=1 ${SET[$set]} $PY -m edgeocr bench "${ART[$form]}" \
       --device cuda --tokens 64 --repeats 1 --image "$IMG" --json "$R/bench_${form}_${set}_$k.json"
   done
+done
+for form in ${PROFILE-}; do
+  [ "$(left)" -gt 40 ] || { say "skipped profile_$form (deadline)"; continue; }
+  run "profile_$form" 90 $PY scripts/gpu_profile.py "${ART[$form]}" --steps 16 --sequence 700 --label "$form" \
+    --json "$R/profile_$form.json"
 done

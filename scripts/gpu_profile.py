@@ -1,7 +1,7 @@
 """Where the GPU time goes: CUDA kernels of the vision encoder, the prefill and the decode steps of an artifact on
 ONNX Runtime CUDA, captured process-wide with CUPTI (torch.profiler), grouped by kernel.
 
-    python scripts/gpu_profile.py ARTIFACT [--steps 64] [--cuda-graph] [--json OUT.json] [--label NAME]
+    python scripts/gpu_profile.py ARTIFACT [--steps 64] [--cuda-graph] [--json OUT.json] [--label NAME] [--sequence N]
     python scripts/gpu_profile.py ARTIFACT --device cpu [--json OUT.json]     # ORT node counts, no CUDA needed
 
 Per stage: wall time, GPU busy time (sum of kernel durations), kernel count, and the top kernels.  A decode
@@ -22,8 +22,9 @@ import numpy as np
 TOP = 12
 
 
-def _summary(stage: str, ks: list[tuple[str, float]], wall_ms: float, per: int = 1) -> dict:
-    """ks: (kernel name, duration us) over `per` repetitions of the stage."""
+def _summary(stage: str, ks: list[tuple[str, float]], wall_ms: float, per: int = 1, sequence: int = 0) -> dict:
+    """ks: (kernel name, duration us) in launch order over `per` repetitions of the stage; `sequence`: also keep
+    the first that many kernels in order (name, us), to tell which graph node each kernel runs."""
     by = defaultdict(lambda: [0, 0.0])
     for n, d in ks:
         by[n][0] += 1
@@ -33,7 +34,8 @@ def _summary(stage: str, ks: list[tuple[str, float]], wall_ms: float, per: int =
             "gpu_busy_ms": sum(d for _, d in ks) / 1e3 / per, "kernels": len(ks) / per,
             "memcpy": sum(1 for n, _ in ks if n.startswith("Memcpy") or "memcpy" in n) / per,
             "h2d": sum(1 for n, _ in ks if "HtoD" in n) / per,         # host -> device copies inside the stage
-            "top": [{"ms": t / per, "count": c / per, "kernel": n[:160]} for n, (c, t) in top]}
+            "top": [{"ms": t / per, "count": c / per, "kernel": n[:160]} for n, (c, t) in top],
+            **({"sequence": [[n[:120], round(d, 2)] for n, d in ks[:sequence]]} if sequence else {})}
 
 
 def _print(s: dict) -> None:
@@ -44,7 +46,7 @@ def _print(s: dict) -> None:
         print(f"   {k['ms']:8.3f} ms {k['count']:6.1f}x  {k['kernel'][:110]}")
 
 
-def profile_cuda(artifact: str, steps: int, cuda_graph: bool) -> list[dict]:
+def profile_cuda(artifact: str, steps: int, cuda_graph: bool, sequence: int = 0) -> list[dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -80,17 +82,20 @@ def profile_cuda(artifact: str, steps: int, cuda_graph: bool) -> list[dict]:
             fn()
             torch.cuda.synchronize()
             wall = (time.perf_counter() - t) * 1e3
-        return [(e.name, e.device_time) for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA], wall
+        ev = sorted((e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+        return [(e.name, e.device_time) for e in ev], wall
 
     pixels = m.preparer.pixels(prep)                # what the vision graph takes (on CUDA: letterboxed on the GPU)
-    s.encode_image(pixels)                          # warm-up (and graph capture)
-    prefill()
+    for _ in range(3):                              # warm-up: the vision and prefill CUDA graphs (where on) are
+        s.encode_image(pixels)                      # captured on their third run, so the profiled runs replay them
+        prefill()
     decode(8)
     torch.cuda.synchronize()
-    out = [_summary("vision", *profiled(lambda: s.encode_image(pixels)))]
-    out.append(_summary(f"prefill ({len(ids)} tokens)", *profiled(prefill)))
+    out = [_summary("vision", *profiled(lambda: s.encode_image(pixels)), sequence=sequence)]
+    out.append(_summary(f"prefill ({len(ids)} tokens)", *profiled(prefill), sequence=sequence))
     ks, wall = profiled(lambda: decode(steps))
-    out.append(_summary("decode", ks, wall, per=steps))
+    out.append(_summary("decode", ks, wall, per=steps, sequence=min(sequence, len(ks) // max(steps, 1))))
     return out
 
 
@@ -125,8 +130,10 @@ def main():
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--json", help="also write the summary here")
     ap.add_argument("--label", default="", help="name of this artifact in the JSON")
+    ap.add_argument("--sequence", type=int, default=0, metavar="N",
+                    help="keep each stage's first N kernels in launch order in the JSON (the decode: its first step)")
     a = ap.parse_args()
-    stages = profile_cuda(a.artifact, a.steps, a.cuda_graph) if a.device == "cuda" else profile_cpu(a.artifact)
+    stages = profile_cuda(a.artifact, a.steps, a.cuda_graph, a.sequence) if a.device == "cuda" else profile_cpu(a.artifact)
     print(f"##### {a.label or a.artifact}")
     for s in stages:
         _print(s)

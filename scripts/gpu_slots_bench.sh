@@ -8,7 +8,8 @@
 # beside the step too, EDGEOCR_PREFILL_BESIDE=1, with and without the priorities), against transformers'
 # batched generate (bf16, sdpa) at the same batch sizes on 2 x batch pages (at least 4; PEER=0: no
 # transformers, `edgeocr bench` alone, a one-slot run without vision ahead; NATIVE=float|int8: the artifacts'
-# native-step form, scripts/gpu_realsize.sh).  JSON and a log under $OUT.
+# native-step form, scripts/gpu_realsize.sh; BESIDE=0: 8 slots with vision ahead and with the vision in line only).
+# JSON and a log under $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; W=${W:-/tmp/work}; mkdir -p "$OUT" $W
@@ -34,9 +35,11 @@ done
 # the same 8 slots with every page's vision run while the other slots wait (vision ahead off), same run
 if [[ " $SLOTS " == *" 8 "* ]]; then
   realsize_slots 8 || exit 1
-  EDGEOCR_PREFILL_BESIDE=1 EDGEOCR_STREAM_PRIORITIES=1 bench slots_8_prefill_beside_priorities --vision-ahead on
-  EDGEOCR_PREFILL_BESIDE=1 bench slots_8_prefill_beside --vision-ahead on
-  EDGEOCR_STREAM_PRIORITIES=1 bench slots_8_stream_priorities --vision-ahead on
+  if [ "${BESIDE:-1}" = 1 ]; then
+    EDGEOCR_PREFILL_BESIDE=1 EDGEOCR_STREAM_PRIORITIES=1 bench slots_8_prefill_beside_priorities --vision-ahead on
+    EDGEOCR_PREFILL_BESIDE=1 bench slots_8_prefill_beside --vision-ahead on
+    EDGEOCR_STREAM_PRIORITIES=1 bench slots_8_stream_priorities --vision-ahead on
+  fi
   bench slots_8_vision_waits --vision-ahead off
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/slots_bench.log"
