@@ -46,7 +46,8 @@ class Prepared:
 
     pixels: np.ndarray                 # exact/fast: [1, 3, S, S] float32 normalized; device: [H, W, 3] uint8 RGB
     letterbox: preprocess.Letterbox    # where the image sits on the canvas (original size included)
-    timings_ms: dict = field(default_factory=dict)   # load (read + decode), preprocess (letterbox + normalize)
+    timings_ms: dict = field(default_factory=dict)   # load (read + decode), preprocess (letterbox + normalize);
+                                                     # device path: letterbox (on the GPU, at admission)
     blank_check: bool | Future = False  # no ink (preprocess.is_blank), or its check under way
 
     @property
@@ -92,6 +93,7 @@ class Preparer(abc.ABC):
     pages under preprocess.MIN_EDGE raise PageTooSmall."""
 
     strategy = ""
+    letterbox_at_admission = False         # `pixels` letterboxes (the device path): timed apart from the vision
 
     def __init__(self, spec: ImageSpec, max_pixels: int | None = None):
         self.spec = spec                   # canvas, pad value, mean/std: the artifact's
@@ -150,6 +152,7 @@ class DevicePreparer(Preparer):
     graph of edgeocr.preprocess_graph (within 2 levels of Pillow).  EDGEOCR_LETTERBOX=graph picks the graph."""
 
     strategy = "device"
+    letterbox_at_admission = True
 
     def __init__(self, spec: ImageSpec, device: str, max_pixels: int | None = None):
         super().__init__(spec, max_pixels)

@@ -238,10 +238,15 @@ class SlotScheduler:
         events.append(SlotEvent(tag, None, "", self._result(held)))
 
     def _encode(self, prep: Prepared, slot: int) -> float:
-        """The page's vision graph into `slot`'s image buffer; its wall time, ms."""
+        """The page's vision graph into `slot`'s image buffer; its wall time, ms.  A preparer that letterboxes at
+        admission (the device path) reports that part as the page's "letterbox" timing: preprocessing, not vision."""
         t0 = time.perf_counter()
-        self.session.encode_image(self.preparer.pixels(prep), slot)
-        return (time.perf_counter() - t0) * 1e3
+        pixels = self.preparer.pixels(prep)
+        t1 = time.perf_counter()
+        if self.preparer.letterbox_at_admission:
+            prep.timings_ms["letterbox"] = (t1 - t0) * 1e3
+        self.session.encode_image(pixels, slot)
+        return (time.perf_counter() - t1) * 1e3
 
     def _encode_and_prefill(self, page: Page, slot: int) -> tuple[float, float, int, float]:
         """Prefill beside, on the worker: the page's vision, then its prefill on the session's second decoder

@@ -89,7 +89,13 @@ def test_bench_first_token_medians(art_a):
     r = bench(art_a, img, tokens=2, first_token_runs=3)
     m = r.first_token_median
     assert m["runs"] == 3 and m["from_file_ms"] > m["vision_ms"] > 0 and m["prefill_ms"] > 0
+    assert m["letterbox_ms"] == 0 and "letterbox" not in format_table(r)         # the exact path: on the host
     assert "median of 3 calls" in format_table(r)
+    # the device path (its preprocessing graph on the CPU here): the letterbox at admission is preprocessing
+    d = bench(art_a, img, tokens=2, first_token_runs=3, preprocess="device")
+    m = d.first_token_median
+    assert 0 < m["letterbox_ms"] < m["preprocess_ms"] and "device letterbox" in format_table(d)
+    assert d.first_token_ms - d.preprocess_ms >= d.vision_ms + d.prefill_ms          # from pixels: no letterbox
     assert bench(art_a, img, tokens=2).first_token_median is None
 
 

@@ -180,6 +180,11 @@ def test_model_preprocess_paths(art_a):
     dev_model = OCRModel(art_a, preprocess="device")
     dev = dev_model.recognize(img, options=o)
     assert dev.token_ids == exact.token_ids and dev.image_size == exact.image_size
+    # the device path letterboxes at admission: that part is timed as preprocessing ("letterbox"), not as vision,
+    # and stays inside first_token (admission -> first token); the host paths letterbox before admission
+    t = dev.timings_ms
+    assert t["letterbox"] > 0 and t["vision"] > 0 and t["first_token"] >= t["letterbox"] + t["vision"] + t["prefill"]
+    assert "letterbox" not in exact.timings_ms
     many = dict(dev_model.recognize_many([img, make_image(13)], options=o))
     assert many[0].token_ids == exact.token_ids
     assert OCRModel(art_a, preprocess="fast").recognize(img, options=o).generated_tokens == 8
