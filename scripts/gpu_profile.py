@@ -1,7 +1,8 @@
 """Where the GPU time goes: CUDA kernels of the vision encoder, the prefill and the decode steps of an artifact on
 ONNX Runtime CUDA, captured process-wide with CUPTI (torch.profiler), grouped by kernel.
 
-    python scripts/gpu_profile.py ARTIFACT [--steps 64] [--cuda-graph] [--json OUT.json] [--label NAME] [--sequence N]
+    python scripts/gpu_profile.py ARTIFACT [--steps 64] [--cuda-graph] [--json OUT.json] [--label NAME]
+                                  [--sequence N] [--live N]
     python scripts/gpu_profile.py ARTIFACT --device cpu [--json OUT.json]     # ORT node counts, no CUDA needed
 
 Per stage: wall time, GPU busy time (sum of kernel durations), kernel count, and the top kernels.  A decode
@@ -46,7 +47,7 @@ def _print(s: dict) -> None:
         print(f"   {k['ms']:8.3f} ms {k['count']:6.1f}x  {k['kernel'][:110]}")
 
 
-def profile_cuda(artifact: str, steps: int, cuda_graph: bool, sequence: int = 0) -> list[dict]:
+def profile_cuda(artifact: str, steps: int, cuda_graph: bool, sequence: int = 0, live_slots: int = 1) -> list[dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -61,19 +62,21 @@ def profile_cuda(artifact: str, steps: int, cuda_graph: bool, sequence: int = 0)
     penalty = m.artifact.repetition_penalty
     n = s.slots
     toks, pos, live = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
-    live[0] = True                                  # one page in slot 0 (the others ride along idle)
+    if not 1 <= live_slots <= n:
+        raise SystemExit(f"--live {live_slots}: this artifact has {n} slots")
+    live[:live_slots] = True                        # the same page in the first live_slots slots (the others idle)
     nxt = np.zeros(n, np.int64)
 
     select = s.selection()                          # the artifact's token selection (edgeocr.selection)
 
-    def prefill():
-        toks[0] = select.first(0, ids, penalty, cos, sin)
+    def prefill(slot: int = 0):
+        toks[slot] = select.first(slot, ids, penalty, cos, sin)
 
     def decode(steps):
         for k in range(steps):
-            pos[0] = len(ids) + k
+            pos[live] = len(ids) + k
             c, si = m.table_cos[pos], m.table_sin[pos]
-            toks[0] = select.next(toks, pos, c, si, live, nxt)[0]
+            toks[live] = select.next(toks, pos, c, si, live, nxt)[live]
 
     def profiled(fn):
         """(CUDA kernels [(name, us)], wall ms) of fn()."""
@@ -90,12 +93,15 @@ def profile_cuda(artifact: str, steps: int, cuda_graph: bool, sequence: int = 0)
     for _ in range(3):                              # warm-up: the vision and prefill CUDA graphs (where on) are
         s.encode_image(pixels)                      # captured on their third run, so the profiled runs replay them
         prefill()
+    for slot in range(1, live_slots):
+        prefill(slot)
     decode(8)
     torch.cuda.synchronize()
     out = [_summary("vision", *profiled(lambda: s.encode_image(pixels)), sequence=sequence)]
     out.append(_summary(f"prefill ({len(ids)} tokens)", *profiled(prefill), sequence=sequence))
     ks, wall = profiled(lambda: decode(steps))
-    out.append(_summary("decode", ks, wall, per=steps, sequence=min(sequence, len(ks) // max(steps, 1))))
+    out.append(_summary(f"decode ({live_slots} of {n} slots live)" if n > 1 else "decode", ks, wall, per=steps,
+                        sequence=min(sequence, len(ks) // max(steps, 1))))
     return out
 
 
@@ -130,10 +136,13 @@ def main():
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--json", help="also write the summary here")
     ap.add_argument("--label", default="", help="name of this artifact in the JSON")
+    ap.add_argument("--live", type=int, default=1, metavar="N",
+                    help="slots decoding during the profiled steps (the same page in each; default 1)")
     ap.add_argument("--sequence", type=int, default=0, metavar="N",
                     help="keep each stage's first N kernels in launch order in the JSON (the decode: its first step)")
     a = ap.parse_args()
-    stages = profile_cuda(a.artifact, a.steps, a.cuda_graph, a.sequence) if a.device == "cuda" else profile_cpu(a.artifact)
+    stages = (profile_cuda(a.artifact, a.steps, a.cuda_graph, a.sequence, a.live) if a.device == "cuda"
+              else profile_cpu(a.artifact))
     print(f"##### {a.label or a.artifact}")
     for s in stages:
         _print(s)
