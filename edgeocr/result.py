@@ -19,7 +19,8 @@ class OCRResult:
     prompt_tokens: int                 # tokens in the prompt, image slots included
     generated_tokens: int              # tokens generated, stop id included
     token_ids: list[int]               # generated ids
-    timings_ms: dict[str, float]       # load, preprocess, vision, prefill, decode, total, first_token, per_token
+    timings_ms: dict[str, float]       # load, preprocess, vision, prefill, decode, total, first_token, per_token;
+                                       # letterbox on the device path (at admission: inside first_token)
     task: str | None                   # task key, or None for a custom prompt
     image_size: tuple[int, int]        # original (width, height)
     step_ms: tuple[float, ...] = ()    # wall time of each decode step, ms
