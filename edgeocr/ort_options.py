@@ -155,26 +155,35 @@ def prefill_graph_wanted() -> bool | None:
 
 def vision_graph_wanted() -> bool | None:
     """Whether the vision session replays the vision graph as a CUDA graph (EDGEOCR_VISION_GRAPH: 1 | 0; None when
-    unset: on for native-step artifacts with 8-bit weights, unless EDGEOCR_VISION_AHEAD=1 asks for visions on a
-    worker thread).  The page is copied into one device buffer and the embeddings out of one, so a single graph
-    serves every slot; its activations stay reserved in the vision arena (no shrink after each call), planned
-    without memory patterns unless EDGEOCR_MEM_PATTERN=1.  Measured on an H100 (2026-12-06, docs/perf.md section
+    unset: on for native-step artifacts with 8-bit vision weights, unless EDGEOCR_VISION_AHEAD=1 asks for visions on
+    a worker thread; vision_graph_default).  The page is copied into one device buffer and the embeddings out of
+    one, so a single graph serves every slot; its activations stay reserved in the vision arena (no shrink after
+    each call), planned without memory patterns unless EDGEOCR_MEM_PATTERN=1.  Measured on an H100 (2026-12-06, docs/perf.md section
     18): vision 18.6-19.0 -> 15.8 ms (FP16); device memory after two pages +210 MiB (FP16: 3,204.8, over its
-    3,072 MiB target, hence off there) and +218 MiB (8-bit: 2,366.8 MiB, under its 2,560)."""
+    3,072 MiB target, hence off with FP16 vision weights) and +218 MiB (8-bit: 2,366.8 MiB, under its 2,560)."""
     if os.environ.get(VISION_GRAPH_ENV, "").strip() == "":
         return None                   # vision_graph_default decides
     return _flag(VISION_GRAPH_ENV)
 
 
-def vision_graph_default(native_weights: str | None, vision_ahead: bool | None = None) -> bool:
-    """EDGEOCR_VISION_GRAPH unset: replay the vision graph as a CUDA graph for native-step artifacts with 8-bit
-    weights (`native_weights`: the artifact's native_step "weights"), where its kept arena still fits the 8-bit
-    memory target, unless the arena is shared (EDGEOCR_CUDA_ARENA=shared), shrunk after each call
+def vision_graph_default(vision_weights: str | None, vision_ahead: bool | None = None) -> bool:
+    """EDGEOCR_VISION_GRAPH unset: replay the vision graph as a CUDA graph for native-step artifacts whose vision
+    weights are 8-bit (`vision_weights`: native_vision_weights; `native-step --weights int8`, or `--vision int8`
+    beside FP16 decoder weights), where its kept arena fits the memory targets (with FP16 vision weights, 376 MiB
+    more, it would not), unless the arena is shared (EDGEOCR_CUDA_ARENA=shared), shrunk after each call
     (EDGEOCR_VISION_ARENA=shrink) or the model's schedulers run visions ahead on a worker thread (`vision_ahead`;
     None: EDGEOCR_VISION_AHEAD=1; ONNX Runtime keeps its CUDA graphs per thread)."""
     shrink_asked = os.environ.get(VISION_ARENA_ENV, "").strip().lower() == "shrink"
     ahead = vision_ahead_asked() if vision_ahead is None else bool(vision_ahead)
-    return native_weights == "int8" and not shared_arena_wanted() and not ahead and not shrink_asked
+    return vision_weights == "int8" and not shared_arena_wanted() and not ahead and not shrink_asked
+
+
+def native_vision_weights(art) -> str | None:
+    """"int8" / "float": the vision weights `quantize native-step` left in an artifact (its report in the manifest's
+    export section); None for an artifact it did not make."""
+    if not art.decoder.native_step:
+        return None
+    return ((art.export or {}).get("native_step") or {}).get("vision", {}).get("weights")
 
 
 def memory_patterns(pattern: bool | None, vision_graph: bool, prefill_graph: bool) -> tuple[bool, bool]:

@@ -541,6 +541,13 @@ def test_int8_weights_can_keep_the_float_vision_graph(arts, tmp_path):
     for f in (m.vision.file, m.vision.file + ".data"):
         if (arts["a"] / f).exists():
             assert (tmp_path / "q" / f).read_bytes() == (arts["a"] / f).read_bytes()
+    # the runtime's vision CUDA graph default follows the vision weights (edgeocr.ort_options.vision_graph_default),
+    # not the decoder's: FP16 vision weights keep it off beside 8-bit decoder weights, 8-bit ones turn it on beside
+    # FP16 decoder weights; an artifact native-step did not make has none
+    from edgeocr.ort_options import native_vision_weights
+    mixed = native_step_artifact(arts["a"], tmp_path / "f", weights="float", vision="int8")
+    assert mixed.decoder.native_step["weights"] == "float" and native_vision_weights(mixed) == "int8"
+    assert native_vision_weights(m) == "float" and native_vision_weights(read(arts["a"])) is None
     with pytest.raises(ValueError, match="vision must be"):
         native_step_artifact(arts["a"], tmp_path / "r", weights="int8", vision="int4")
 

@@ -239,7 +239,7 @@ def test_cuda_arena_and_memory_pattern_settings(monkeypatch):
 
 
 def test_vision_graph_and_memory_pattern_defaults(monkeypatch):
-    """Unset, the vision graph is replayed for native-step artifacts with 8-bit weights only (its kept arena fits
+    """Unset, the vision graph is replayed for native-step artifacts with 8-bit vision weights only (its kept arena fits
     their memory target), never with a shared arena, a vision arena asked to shrink or visions ahead; a replayed
     vision graph runs without memory patterns, replayed prefills too, an explicit EDGEOCR_MEM_PATTERN wins for
     the vision session."""

@@ -205,16 +205,16 @@ class OrtSession(abc.ABC):
         self._vision_runs: dict[int, int] = {}                           # thread -> vision runs
         if self.device != "cuda":
             return
-        from edgeocr.ort_options import (cuda_stack_bytes, prefill_graph_wanted, shared_arena_wanted,
-                                         vision_graph_default, vision_graph_wanted)
+        from edgeocr.ort_options import (cuda_stack_bytes, native_vision_weights, prefill_graph_wanted,
+                                         shared_arena_wanted, vision_graph_default, vision_graph_wanted)
         try:
             stack, prefill, vision = cuda_stack_bytes(), prefill_graph_wanted(), vision_graph_wanted()
             native = self.art.decoder.native_step or {}
             if prefill is None:           # the default: native-step artifacts (where it was measured), unless the
                 prefill = (self.inplace and self._graph_select and bool(native)                     # arena
                            and not shared_arena_wanted())                                           # is shared
-            if vision is None:            # the default: where its arena fits the memory target (8-bit weights)
-                vision = vision_graph_default(native.get("weights"), self._vision_ahead)
+            if vision is None:            # the default: where its arena fits the memory target (8-bit vision)
+                vision = vision_graph_default(native_vision_weights(self.art), self._vision_ahead)
         except ValueError as e:
             raise BackendError(str(e)) from None
         if prefill and not (self.inplace and self._graph_select):
