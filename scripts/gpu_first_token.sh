@@ -17,7 +17,8 @@
 # nodes it accepts: 8-bit, blocks of 32, N and K multiples of 32).
 # Forms: float / int8 = the default fusion's native-step artifacts (scripts/gpu_realsize.sh), gfloat / gint8 = those of
 # the --vision-gemms fusion.  Since `quantize native-step` applies the vision GEMM passes to 8-bit vision weights
-# (2026-12-06), int8 and gint8 are the same vision graph; the first calls measured int8 without them.
+# (2026-12-06), int8 and gint8 are the same vision graph; the first calls measured int8 without them.  f16v8 = FP16
+# decoder weights with 8-bit vision weights (native-step --weights float --vision int8), built when a list names it.
 # Steps that would end past DEADLINE seconds (default 560) are skipped and logged.  Everything lands in
 # $OUT/results.tar.gz.
 set -uo pipefail
@@ -38,13 +39,16 @@ for form in ${GEMM_FORMS-float}; do
   [ -f "$G-native-$form/manifest.json" ] || run "native_gemms_$form" 300 $PY -m quantize native-step "$G" \
     "$G-native-$form" --weights "$form" || exit 1
 done
+if [[ " ${MEMORY-} ${BENCH-} ${PROFILE-} " == *" f16v8"* ]] && [ ! -f "$F-native-f16v8/manifest.json" ]; then
+  run native_f16v8 300 $PY -m quantize native-step "$F" "$F-native-f16v8" --weights float --vision int8 || exit 1
+fi
 [ "${HOST:-1}" = 1 ] && run host_decode 60 $PY scripts/host_decode_bench.py "$IMG" --repeats 30 --json "$R/host_decode.json"
 [ "${SESSION_MEMORY:-0}" = 1 ] && run vision_session_memory 150 $PY scripts/gpu_vision_session_memory.py \
   "$F-native-float" "$G-native-float" --levels "${SESSION_LEVELS:-all,disabled}" --json "$R/vision_session_memory.json"
 
 PAGES=("$ROOT"/calibration_data/eval/00000[0-3].jpg)
 declare -A ART=([float]="$F-native-float" [int8]="$F-native-int8" [gfloat]="$G-native-float"
-                [gint8]="$G-native-int8")
+                [gint8]="$G-native-int8" [f16v8]="$F-native-f16v8")
 declare -A SET=([base]="" [init]="" [nopat]="EDGEOCR_MEM_PATTERN=0" [vg]="EDGEOCR_VISION_GRAPH=1"
                 [novg]="EDGEOCR_VISION_GRAPH=0" [vgnopat]="EDGEOCR_VISION_GRAPH=1 EDGEOCR_MEM_PATTERN=0"
                 [vgpat]="EDGEOCR_VISION_GRAPH=1 EDGEOCR_MEM_PATTERN=1" [pil]="EDGEOCR_JPEG=pillow"
