@@ -243,7 +243,7 @@ class SlotScheduler:
         t0 = time.perf_counter()
         pixels = self.preparer.pixels(prep)
         t1 = time.perf_counter()
-        if self.preparer.letterbox_at_admission:
+        if getattr(self.preparer, "letterbox_at_admission", False):      # any object with __call__ and pixels
             prep.timings_ms["letterbox"] = (t1 - t0) * 1e3
         self.session.encode_image(pixels, slot)
         return (time.perf_counter() - t1) * 1e3
