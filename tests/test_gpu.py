@@ -211,8 +211,8 @@ def test_demo_prefill_and_vision_graphs_on_cuda(tmp_path, monkeypatch):
     assert len(want_one[0]) > 20 and len({len(t) for t in want_many.values()}) > 1
 
 
-@pytest.mark.parametrize("weights", ["float", "int8"])
-def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights):
+@pytest.mark.parametrize("weights, vision", [("float", "float"), ("int8", "int8"), ("float", "int8")])
+def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights, vision):
     """`quantize native-step` of the demo model's fast FP16 flavour with 3 slots, FP16 weights or 8-bit weights and
     embedding (the demo vocabulary, 2,213 rows, is not a multiple of 8: the 8-bit table is padded and the lm_head's
     logits sliced, as for the real one): every kernel of a decode step
@@ -221,8 +221,8 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights):
     tie: two FP16 engines that sum in different orders may pick either of two tokens whose logits are closer than
     FP16 resolves.  Where a page's tokens part, the FP32 reference (transformers) scores the two tokens at that
     step, repetition penalty applied: both must be within `near_tie` of the best token there, and at most one page
-    may part.  With 8-bit weights both engines replay the vision graph as a CUDA graph (the runtime's default for
-    them)."""
+    may part.  With 8-bit vision weights (`--weights int8`, or `--vision int8` beside FP16 decoder weights) both
+    engines replay the vision graph as a CUDA graph (the runtime's default for them)."""
     from pathlib import Path
 
     from edgeocr.dataset import load_dir
@@ -232,12 +232,12 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights):
     near_tie = 0.05
     pages = [p.path for p in load_dir(Path(__file__).resolve().parents[1] / "calibration_data" / "eval")[:6]]
     art = _demo_export(tmp_path, "fast16x3", precision="fp16", attention="gqa", select_on_device=True, slots=3)
-    native = native_step_artifact(art, tmp_path / "native", weights=weights)
+    native = native_step_artifact(art, tmp_path / "native", weights=weights, vision=vision)
     assert native.decoder.native_step["embedding"] == weights
     monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "1")
     nat = OCRModel(tmp_path / "native", device="cuda")
     assert nat.session.engine == "native-cuda" and nat.preparer.engine == "kernels"    # the exact path's pixels
-    assert nat.session.vision_graph == (weights == "int8")      # the default: replayed where 8-bit weights leave room
+    assert nat.session.vision_graph == (vision == "int8")   # the default: replayed where 8-bit vision leaves room
     o = DecodeOptions(max_new_tokens=200)
     got = dict(nat.recognize_many(pages, task="structured_parse", options=o))
     rows = nat.session.check_kernels()
@@ -245,7 +245,7 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights):
     assert not bad, bad
     monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
     ref = OCRModel(tmp_path / "native", device="cuda")
-    assert ref.session.engine == "onnxruntime" and ref.session.vision_graph == (weights == "int8")
+    assert ref.session.engine == "onnxruntime" and ref.session.vision_graph == (vision == "int8")
     want = dict(ref.recognize_many(pages, task="structured_parse", options=o))
     a, b = ({i: r.token_ids for i, r in d.items()} for d in (got, want))
     assert set(a) == set(b) == set(range(len(pages)))
