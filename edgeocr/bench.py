@@ -66,7 +66,8 @@ class BenchResult:
     cpu_profile: dict | None = None   # CPU: ONNX Runtime's own profile of decode steps (cpu_step_profile)
     first_token_median: dict | None = None   # medians over FIRST_TOKEN_RUNS one-token calls: from the file, and
                                               # its preprocess / vision / prefill parts (ms); letterbox_ms: the
-                                              # device path's letterbox on the GPU, part of preprocess_ms
+                                              # device path's letterbox on the GPU, part of preprocess_ms;
+                                              # from_pixels_ms: admission to the first token less the letterbox
 
 
 def step_copies(art, live_slots: int = 1, engine: str = "onnxruntime") -> dict:
@@ -242,6 +243,7 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
         tt = [model.recognize(image, task=task, options=one).timings_ms for _ in range(n_first)]
         med = {k: statistics.median(fn(t) for t in tt) for k, fn in (
             ("from_file_ms", lambda t: t["load"] + t["preprocess"] + t["first_token"]),
+            ("from_pixels_ms", lambda t: t["first_token"] - t.get("letterbox", 0.0)),
             ("preprocess_ms", _prepared_ms), ("letterbox_ms", lambda t: t.get("letterbox", 0.0)),
             ("vision_ms", lambda t: t["vision"]), ("prefill_ms", lambda t: t["prefill"]))}
         med["runs"] = n_first
@@ -282,7 +284,8 @@ def bench(artifact: str | Path, image, device: str = "cpu", tokens: int = 64, re
 
 def _prepared_ms(t: dict) -> float:
     """A result's preprocessing: read and decode, letterbox and normalize, on the host or (the device path, at
-    admission, inside its first_token time) on the GPU.  first_token less this is the first token from pixels."""
+    admission, inside its first_token time) on the GPU.  The first token from the file (load + preprocess +
+    first_token) less this is the first token from pixels (vision, prefill, the first selection)."""
     return t["load"] + t["preprocess"] + t.get("letterbox", 0.0)
 
 
@@ -301,8 +304,8 @@ def step_graph(session) -> bool:
 
 def _median_line(m: dict) -> str:
     lb = f", device letterbox {m['letterbox_ms']:.1f}" if m.get("letterbox_ms") else ""
-    return (f"{m['from_file_ms']:.1f} ms (preprocess {m['preprocess_ms']:.1f}{lb} / vision {m['vision_ms']:.1f} / "
-            f"prefill {m['prefill_ms']:.1f} ms)")
+    return (f"{m['from_file_ms']:.1f} ms, from pixels {m['from_pixels_ms']:.1f} ms (preprocess "
+            f"{m['preprocess_ms']:.1f}{lb} / vision {m['vision_ms']:.1f} / prefill {m['prefill_ms']:.1f} ms)")
 
 
 def format_table(r: BenchResult, hf: dict | None = None) -> str:
@@ -389,7 +392,7 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
     if device == "cuda":
         from edgeocr.backends import cudart
         cuda = cudart.load()
-    done, peak_dev, vision, prefill = 0, None, [], []
+    done, peak_dev, vision, prefill, letterbox = 0, None, [], [], []
     t0 = time.perf_counter()
     for events in drive(sched, model.pages(images, task=task, options=opts)):   # preparation overlaps decoding
         for ev in events:
@@ -397,6 +400,7 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
                 done += 1
                 vision.append(ev.result.timings_ms["vision"])
                 prefill.append(ev.result.timings_ms["prefill"])
+                letterbox.append(ev.result.timings_ms.get("letterbox", 0.0))
         if cuda is not None and len(sched.steps) % 64 == 1:
             free, total = cuda.mem_info()
             peak_dev = max(peak_dev or 0.0, (total - free) / 2**20)
@@ -415,6 +419,7 @@ def bench_pages(artifact: str | Path, images: list, device: str = "cpu", tokens:
             "prefill_beside": sched.sched.prefill_beside,
             "vision_ms_mean": statistics.mean(vision),
             "prefill_ms_mean": statistics.mean(prefill),
+            "letterbox_ms_mean": statistics.mean(letterbox),       # the device path's letterbox at admission
             "kv_cache_mib": m.kv.bytes / 2**20, "kv_mib_per_slot": m.kv.bytes / m.slots / 2**20,
             "peak_device_mib": peak_dev}
 
@@ -446,6 +451,11 @@ class _Timed:
         return events
 
 
+def _letterbox_part(r: dict) -> str:
+    lb = r.get("letterbox_ms_mean")
+    return f"device letterbox {lb:.1f} ms, " if lb else ""
+
+
 def format_pages(r: dict, hf: dict | None = None) -> str:
     busy = r["step_ms_all_slots_busy"]
     lines = [f"{r['backend']} {r['precision']}, {r['slots']} slot(s), {r['flavour']}",
@@ -453,7 +463,7 @@ def format_pages(r: dict, hf: dict | None = None) -> str:
              f"{r['pages_per_s']:.2f} pages/s, {r['tokens_per_s']:.0f} tokens/s",
              (f"decode step with all slots busy {busy:.3f} ms" if busy else "decode step: slots never all busy")
              + f" (mean over all steps {r['step_ms_mean']:.3f} ms)",
-             f"per page: vision {r['vision_ms_mean']:.1f} ms "
+             f"per page: {_letterbox_part(r)}vision {r['vision_ms_mean']:.1f} ms "
              f"({'on the worker thread while the other slots decode' if r['vision_ahead'] else 'the other slots wait'}"
              f"{', vision stream low priority, decoder high' if r.get('stream_priorities') else ''}), "
              f"prefill {r['prefill_ms_mean']:.1f} ms "

@@ -158,9 +158,10 @@ def vision_graph_wanted() -> bool | None:
     unset: on for native-step artifacts with 8-bit vision weights, unless EDGEOCR_VISION_AHEAD=1 asks for visions on
     a worker thread; vision_graph_default).  The page is copied into one device buffer and the embeddings out of
     one, so a single graph serves every slot; its activations stay reserved in the vision arena (no shrink after
-    each call), planned without memory patterns unless EDGEOCR_MEM_PATTERN=1.  Measured on an H100 (2026-12-06, docs/perf.md section
-    18): vision 18.6-19.0 -> 15.8 ms (FP16); device memory after two pages +210 MiB (FP16: 3,204.8, over its
-    3,072 MiB target, hence off with FP16 vision weights) and +218 MiB (8-bit: 2,366.8 MiB, under its 2,560)."""
+    each call), planned without memory patterns unless EDGEOCR_MEM_PATTERN=1.  Measured on an H100 (2026-12-06,
+    docs/perf.md section 18): vision 18.6-19.0 -> 15.8 ms (FP16); device memory after two pages +210 MiB (FP16:
+    3,204.8, over its 3,072 MiB target, hence off with FP16 vision weights) and +218 MiB (8-bit: 2,366.8 MiB, under
+    its 2,560)."""
     if os.environ.get(VISION_GRAPH_ENV, "").strip() == "":
         return None                   # vision_graph_default decides
     return _flag(VISION_GRAPH_ENV)
@@ -169,8 +170,9 @@ def vision_graph_wanted() -> bool | None:
 def vision_graph_default(vision_weights: str | None, vision_ahead: bool | None = None) -> bool:
     """EDGEOCR_VISION_GRAPH unset: replay the vision graph as a CUDA graph for native-step artifacts whose vision
     weights are 8-bit (`vision_weights`: native_vision_weights; `native-step --weights int8`, or `--vision int8`
-    beside FP16 decoder weights), where its kept arena fits the memory targets (with FP16 vision weights, 376 MiB
-    more, it would not), unless the arena is shared (EDGEOCR_CUDA_ARENA=shared), shrunk after each call
+    beside FP16 decoder weights), where its kept arena fits the memory targets (FP16 weights with the vision graph
+    took 3,204.8 MiB on an H100, over 3,072; FP16 decoder and 8-bit vision weights 2,812.8: docs/perf.md sections
+    18-19), unless the arena is shared (EDGEOCR_CUDA_ARENA=shared), shrunk after each call
     (EDGEOCR_VISION_ARENA=shrink) or the model's schedulers run visions ahead on a worker thread (`vision_ahead`;
     None: EDGEOCR_VISION_AHEAD=1; ONNX Runtime keeps its CUDA graphs per thread)."""
     shrink_asked = os.environ.get(VISION_ARENA_ENV, "").strip().lower() == "shrink"

@@ -126,8 +126,9 @@ class SlotScheduler:
         if vision_ahead and getattr(session, "vision_graph", False):
             # ONNX Runtime keeps a CUDA graph per thread: the worker would capture its own while the steps run
             log.warning("vision ahead is off for this scheduler: the session replays its vision as a CUDA graph "
-                        "(EDGEOCR_VISION_GRAPH=1, the default for 8-bit native-step artifacts unless the model is "
-                        "loaded with vision_ahead or EDGEOCR_VISION_AHEAD=1), which runs on the scheduler's thread")
+                        "(EDGEOCR_VISION_GRAPH=1, the default for native-step artifacts with 8-bit vision weights "
+                        "unless the model is loaded with vision_ahead or EDGEOCR_VISION_AHEAD=1), which runs on the "
+                        "scheduler's thread")
             vision_ahead = False
         self.vision_ahead = vision_ahead
         self.prefill_beside = self._want_prefill_beside(prefill_beside)

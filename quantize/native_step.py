@@ -26,8 +26,9 @@ float` (the default with float weights): a real-size step then reads about 2/3 o
 8-bit MatMulNBits blocks of 32 too (`--vision float` keeps them): the vision encoder's 0.8 GB of FP16 weights are
 most of what the 8-bit form would otherwise hold beside its decoder (`quantize weight-int8` does the same to it).
 `--weights float --vision int8` keeps the FP16 decoder and takes the 8-bit vision graph: on an H100 (real size,
-2026-12-06, docs/perf.md section 19) the fastest first token, 22.0-22.3 ms from the JPEG and 19.3-19.4 ms from
-pixels, in 2,813 MiB (the vision graph is replayed as a CUDA graph wherever the vision weights are 8-bit).
+2026-12-06, docs/perf.md section 19) the fastest first token, 22.0-22.3 ms from the JPEG and 19.3-19.5 ms from
+pixels, in 2,813 MiB (the runtime replays the vision graph as a CUDA graph by default where the vision weights are
+8-bit: edgeocr.ort_options.vision_graph_default).
 
 With `--embedding int8` the embedding (the tied lm_head; an untied lm_head too) is stored as 8-bit blocks of 32 along
 its rows the same way: the prefill's embedding lookup becomes com.microsoft GatherBlockQuantized and its lm_head

@@ -48,6 +48,7 @@ def test_bench_pages_with_transformers_batched(ckpt_a, tmp_path):
     assert e["slots"] == 3 and e["pages"] == 5 and e["new_tokens_per_page"] == 6
     assert e["pages_per_s"] > 0 and e["step_ms_all_slots_busy"] > 0 and e["kv_mib_per_slot"] > 0
     assert e["vision_ahead"] is True and e["vision_ms_mean"] > 0 and e["prefill_ms_mean"] > 0
+    assert e["letterbox_ms_mean"] == 0                          # the host path letterboxes before admission
     assert abs(e["tokens_per_s"] - 6 * e["pages_per_s"]) < 1e-6 * e["tokens_per_s"]
     assert hf["batch"] == 3 and hf["pages"] == 3 and hf["pages_per_s"] > 0
     assert "pages/s" in r.stdout and "x" in r.stdout.splitlines()[-1]
@@ -89,12 +90,17 @@ def test_bench_first_token_medians(art_a):
     r = bench(art_a, img, tokens=2, first_token_runs=3)
     m = r.first_token_median
     assert m["runs"] == 3 and m["from_file_ms"] > m["vision_ms"] > 0 and m["prefill_ms"] > 0
+    assert max(m["vision_ms"], m["prefill_ms"]) < m["from_pixels_ms"] < m["from_file_ms"]    # call by call
     assert m["letterbox_ms"] == 0 and "letterbox" not in format_table(r)         # the exact path: on the host
     assert "median of 3 calls" in format_table(r)
     # the device path (its preprocessing graph on the CPU here): the letterbox at admission is preprocessing
+    from edgeocr.bench import bench_pages, format_pages
+    p = bench_pages(art_a, [img, make_image(6)], tokens=2, preprocess="device")
+    assert p["letterbox_ms_mean"] > 0 and "device letterbox" in format_pages(p)
     d = bench(art_a, img, tokens=2, first_token_runs=3, preprocess="device")
     m = d.first_token_median
     assert 0 < m["letterbox_ms"] < m["preprocess_ms"] and "device letterbox" in format_table(d)
+    assert max(m["vision_ms"], m["prefill_ms"]) < m["from_pixels_ms"] < m["from_file_ms"]
     assert d.first_token_ms - d.preprocess_ms >= d.vision_ms + d.prefill_ms          # from pixels: no letterbox
     assert bench(art_a, img, tokens=2).first_token_median is None
 
