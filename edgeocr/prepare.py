@@ -47,7 +47,8 @@ class Prepared:
     pixels: np.ndarray                 # exact/fast: [1, 3, S, S] float32 normalized; device: [H, W, 3] uint8 RGB
     letterbox: preprocess.Letterbox    # where the image sits on the canvas (original size included)
     timings_ms: dict = field(default_factory=dict)   # load (read + decode), preprocess (letterbox + normalize);
-                                                     # device path: letterbox (on the GPU, at admission)
+                                                     # device path: letterbox (on the GPU, written at admission;
+                                                     # each result copies the page's timings when it is built)
     blank_check: bool | Future = False  # no ink (preprocess.is_blank), or its check under way
 
     @property

@@ -185,6 +185,12 @@ def test_model_preprocess_paths(art_a):
     t = dev.timings_ms
     assert t["letterbox"] > 0 and t["vision"] > 0 and t["first_token"] >= t["letterbox"] + t["vision"] + t["prefill"]
     assert "letterbox" not in exact.timings_ms
+    prep = dev_model.prepare(img)        # a Prepared given twice, one after the other: each result keeps its own
+    r1 = dev_model.recognize(prep, options=o)                                        # letterbox time (a copy)
+    t1 = dict(r1.timings_ms)
+    r2 = dev_model.recognize(prep, options=o)
+    assert r1.timings_ms == t1 and r2.timings_ms["letterbox"] == prep.timings_ms["letterbox"] > 0
+    assert r1.token_ids == r2.token_ids == exact.token_ids
     many = dict(dev_model.recognize_many([img, make_image(13)], options=o))
     assert many[0].token_ids == exact.token_ids
     assert OCRModel(art_a, preprocess="fast").recognize(img, options=o).generated_tokens == 8
