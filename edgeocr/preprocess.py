@@ -251,9 +251,9 @@ def jpeg_decoder() -> str:
 def decode_jpeg_array(data: bytes, name: str = "image",
                       max_pixels: int | None = None) -> tuple[np.ndarray, tuple[int, int]] | None:
     """An encoded JPEG decoded by simplejpeg into an [H, W, 3] uint8 RGB array, with its (width, height), once
-    its header passed `check_size`.  None where Pillow should decode it instead: not a JPEG, a CMYK/YCCK JPEG,
-    or any libjpeg warning or error (strict mode: a truncated or corrupt file gets
-    Pillow's error message, as on every other path).  Called where `jpeg_decoder()` is "simplejpeg"."""
+    its header passed `check_size`.  None where Pillow should decode it instead: not a JPEG, a CMYK/YCCK JPEG, or
+    any libjpeg warning or error (strict mode: a truncated or corrupt file gets Pillow's error message, as on every
+    other path).  Called where `jpeg_decoder()` is "simplejpeg"."""
     if bytes(data[:3]) != b"\xff\xd8\xff":
         return None
     import simplejpeg
