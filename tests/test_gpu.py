@@ -222,7 +222,8 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights, vision):
     FP16 resolves.  Where a page's tokens part, the FP32 reference (transformers) scores the two tokens at that
     step, repetition penalty applied: both must be within `near_tie` of the best token there, and at most one page
     may part.  With 8-bit vision weights (`--weights int8`, or `--vision int8` beside FP16 decoder weights) both
-    engines replay the vision graph as a CUDA graph (the runtime's default for them)."""
+    engines replay the vision graph as a CUDA graph (the runtime's default for them).  The native step without
+    programmatic dependent launch (EDGEOCR_PDL=0) gives the same tokens as with it."""
     from pathlib import Path
 
     from edgeocr.dataset import load_dir
@@ -243,6 +244,17 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights, vision):
     rows = nat.session.check_kernels()
     bad = [r for r in rows if r.get("mismatches", 0) or r.get("max_rel_err", 0) > 2e-2 or not r.get("finite", True)]
     assert not bad, bad
+    # programmatic dependent launch (the default from sm_90 on) changes when kernels start, never what they compute
+    from edgeocr.backends import nvrtc
+    arch = int(nvrtc.device_arch()[0][3:])
+    assert nat.session._native.pdl == (arch >= 90)
+    monkeypatch.setenv("EDGEOCR_PDL", "0")
+    plain = OCRModel(tmp_path / "native", device="cuda")
+    assert not plain.session._native.pdl
+    assert {i: r.token_ids for i, r in plain.recognize_many(pages, task="structured_parse", options=o)} == \
+        {i: r.token_ids for i, r in got.items()}
+    del plain
+    monkeypatch.delenv("EDGEOCR_PDL")
     monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "0")
     ref = OCRModel(tmp_path / "native", device="cuda")
     assert ref.session.engine == "onnxruntime" and ref.session.vision_graph == (vision == "int8")

@@ -229,6 +229,35 @@ def test_the_kernels_compile_for_orin_ada_and_hopper(arch):
     assert TC_MIN_SLOTS > 1
 
 
+def test_programmatic_dependent_launch_is_compiled_from_hopper_on(monkeypatch):
+    """With -DPDL every step kernel waits for the one before it (griddepcontrol, sm_90 on): the sm_90 cubin
+    changes and the sm_87 one (Orin) does not; EDGEOCR_PDL switches it, on by default from sm_90; the launch
+    structures have cuda.h's layout (CUlaunchAttribute 72 bytes, its value at 8; CUlaunchConfig 56, the stream at
+    32, the attributes at 40, their count at 48)."""
+    import ctypes
+
+    from edgeocr.backends import nvrtc
+    from edgeocr.backends.native_step import PDL_ENV, SOURCE, Dims, kernel_defines, pdl_enabled
+    from edgeocr.errors import BackendError
+    d = Dims(layers=2, hidden=256, inter=512, nq=4, kvh=2, head_dim=128, vocab=1000, cache_len=512, eps=1e-5,
+             lm_head="embed")
+    defines = kernel_defines(d, 1)
+    for arch, differs in (("sm_87", False), ("sm_90", True)):
+        plain = nvrtc.compile_cubin(SOURCE, arch, defines)
+        pdl = nvrtc.compile_cubin(SOURCE, arch, {**defines, "PDL": 1})
+        assert (plain != pdl) == differs, arch
+    monkeypatch.delenv(PDL_ENV, raising=False)
+    assert pdl_enabled("sm_90") and pdl_enabled("sm_100") and not pdl_enabled("sm_89")
+    monkeypatch.setenv(PDL_ENV, "0")
+    assert not pdl_enabled("sm_90")
+    monkeypatch.setenv(PDL_ENV, "yes")
+    with pytest.raises(BackendError, match="EDGEOCR_PDL must be 0 or 1"):
+        pdl_enabled("sm_90")
+    assert (ctypes.sizeof(nvrtc.LaunchAttribute), nvrtc.LaunchAttribute.value.offset) == (72, 8)
+    c = nvrtc.LaunchConfig
+    assert (ctypes.sizeof(c), c.stream.offset, c.attrs.offset, c.num_attrs.offset) == (56, 32, 40, 48)
+
+
 def test_tensor_core_gemvs_cover_their_rows():
     """A tensor-core GEMV's grid covers its rows (16 a warp, 8 / KS warps a block) and takes them only where the
     reduction size is a multiple of 32 and the step has TC_MIN_SLOTS slots or more; the rest stay on the CUDA-core
@@ -283,9 +312,9 @@ def test_the_kernel_check_compares_each_launch_with_its_twin(arts, q8_arts, weig
     order = iter(plan)
 
     class Module:                       # the launches come in plan order
-        def launch(self, symbol, grid, block, stream, args):
+        def launch(self, symbol, grid, block, stream, args, pdl):
             launch = next(order)
-            assert launch.symbol == symbol and launch.args == args
+            assert launch.symbol == symbol and launch.args == args and pdl is True    # the step's own flag
             getattr(live, "k_" + launch.kernel)(launch, *[live._arg(a) for a in launch.args])
 
     class Rt:
@@ -298,7 +327,7 @@ def test_the_kernel_check_compares_each_launch_with_its_twin(arts, q8_arts, weig
             pass
 
     step = object.__new__(ns.CudaStep)
-    step.rt, step.mod, step.stream = Rt(), Module(), 0
+    step.rt, step.mod, step.stream, step.pdl = Rt(), Module(), 0, True
     step.calls = [(launch.symbol, launch.grid, launch.block, launch.args) for launch in plan]
     rows = step.check(plan, bufs, HostMemory(), s.w_dtype)
     kinds = {r["kernel"] for r in rows}

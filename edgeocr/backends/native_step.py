@@ -18,7 +18,9 @@ logits) and its static KV cache, which the prefill wrote.
                `quantize native-step --embedding int8`)
 
 The same launch list runs two ways: `CudaStep` compiles the kernels with NVRTC for the GPU it finds (head size,
-query group and slot count as compile-time constants) and replays the list as one CUDA graph; `NumpyStep` runs
+query group and slot count as compile-time constants) and replays the list as one CUDA graph (from sm_90 on with
+programmatic dependent launch: each kernel is scheduled while the one before it finishes and waits for it on the
+GPU; EDGEOCR_PDL=0 turns that off); `NumpyStep` runs
 each kernel's numpy twin (same arguments, same rounding to the weights' dtype), which is how the CPU tests check
 the plan, the weight layout and the buffer conventions against ONNX Runtime's own step.
 
@@ -60,6 +62,19 @@ TC_NARROW_ROWS = 2048        # (o, down: 1,024) from 8 slots on.  H200, scripts/
                              # best CUDA-core against tensor-core us: 1-2 slots CUDA cores everywhere (q|k|v 4.1 / 4.5,
                              # down 3.9 / 5.9); 4 slots q|k|v 4.9 / 4.7, SwiGLU 8.7 / 6.7, lm_head 75.7 / 63.6 but
                              # o 3.7 / 4.1, down 4.8 / 6.2; 8 slots tensor cores everywhere (SwiGLU 12.6 / 6.7)
+
+
+PDL_ENV = "EDGEOCR_PDL"       # 1: programmatic dependent launch on sm_90 and later (half.cuh's STEP_ENTRY), 0: off
+PDL_MIN_ARCH = 90
+
+
+def pdl_enabled(arch: str) -> bool:
+    """Whether the step's kernels launch with programmatic dependent launch on this GPU ("sm_XY"): sm_90 and later
+    unless EDGEOCR_PDL=0 (the instruction it needs, griddepcontrol, exists from sm_90 on)."""
+    v = os.environ.get(PDL_ENV, "1").strip()
+    if v not in ("0", "1"):
+        raise BackendError(f"{PDL_ENV} must be 0 or 1, not {v!r}")
+    return v == "1" and int(arch[3:]) >= PDL_MIN_ARCH
 
 
 @dataclass(frozen=True)
@@ -331,13 +346,16 @@ class CudaStep:
     Buffers are device addresses (name -> int).  The stream does not wait for CUDA's legacy default stream: the
     session syncs that stream after writing a step's state and waits for this one after each step."""
 
-    def __init__(self, plan: list[Launch], ptrs: dict[str, int], defines: dict[str, int], graph: bool = True):
+    def __init__(self, plan: list[Launch], ptrs: dict[str, int], defines: dict[str, int], graph: bool = True,
+                 pdl: bool = False):
         from edgeocr.backends import cudart, nvrtc
 
         self.rt = cudart.load()
         self.rt.make_current()                  # the primary context, current on this thread for the driver API
         arch, _ = nvrtc.device_arch()
         symbols = sorted({launch.symbol for launch in plan})
+        self.pdl = pdl
+        defines = {**defines, "PDL": 1} if pdl else defines
         self.mod = nvrtc.Module(nvrtc.compile_cubin(SOURCE, arch, defines), symbols)
         self.calls = []
         for launch in plan:
@@ -370,7 +388,7 @@ class CudaStep:
                 names |= {"logits", "seen", "penalty"}
             twin.b = {n: mem.read(bufs[n], np.empty(bufs[n].shape, bufs[n].dtype)) for n in names}
             getattr(twin, "k_" + launch.kernel)(launch, *[twin._arg(a) for a in launch.args])
-            self.mod.launch(symbol, grid, block, self.stream, args)
+            self.mod.launch(symbol, grid, block, self.stream, args, self.pdl)
             self.rt.stream_sync(self.stream)
             for j in OUTPUTS.get(launch.kernel, ()):
                 name = launch.args[j]
@@ -390,7 +408,7 @@ class CudaStep:
 
     def launch_all(self) -> None:
         for symbol, grid, block, args in self.calls:
-            self.mod.launch(symbol, grid, block, self.stream, args)
+            self.mod.launch(symbol, grid, block, self.stream, args, self.pdl)
 
     def capture(self) -> None:
         """Record the launch list as a CUDA graph (every address is fixed at load; nothing runs)."""
@@ -649,7 +667,7 @@ class NativeStepSession(GqaSession):
         self._sms, self._tc = sms, TENSOR_CORES and int(arch[3:]) >= 80
         bufs = self._step_buffers()
         self._native = CudaStep(self._plan(), {k: b.ptr for k, b in bufs.items()}, kernel_defines(d, n, self._tc),
-                                graph=self._native_graph)
+                                graph=self._native_graph, pdl=pdl_enabled(arch))
         self._native_bufs = bufs
         if self._native.graph:
             self._native.capture()               # at load, before any worker thread exists

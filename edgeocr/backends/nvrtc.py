@@ -91,6 +91,20 @@ def compile_cubin(source: str, arch: str, defines: dict[str, int] | None = None,
     return cubin.raw
 
 
+LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6      # CUlaunchAttributeID (cuda.h)
+
+
+class LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: the id, padding to 8 bytes, then the 64-byte value union (its first int here)."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig: grid and block dimensions, dynamic shared memory, stream, attributes."""
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_bytes", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
 class Module:
     """Compiled kernels loaded into the current CUDA context (the primary context ONNX Runtime and the CUDA
     runtime use), launched on a given stream."""
@@ -102,6 +116,8 @@ class Module:
             raise BackendError(f"the CUDA driver library (libcuda.so.1) is not loadable: {e}") from None
         self.cu.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [
             ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self.cu.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.c_void_p]
         mod = ctypes.c_void_p()
         rc = self.cu.cuModuleLoadData(ctypes.byref(mod), cubin)
         if rc:
@@ -119,13 +135,23 @@ class Module:
         if rc:
             raise BackendError(f"{what} failed with CUDA driver error {rc}")
 
-    def launch(self, name: str, grid, block, stream: int, args: list) -> None:
-        """args: ctypes values (c_void_p for pointers, c_int, c_float, ...), in the kernel's order."""
+    def launch(self, name: str, grid, block, stream: int, args: list, pdl: bool = False) -> None:
+        """args: ctypes values (c_void_p for pointers, c_int, c_float, ...), in the kernel's order.  pdl: launched
+        with programmatic stream serialization (sm_90 and later; the kernel must wait with griddepcontrol.wait
+        before it touches what the kernel before it wrote: half.cuh's STEP_ENTRY)."""
         params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
         g = tuple(grid) + (1,) * (3 - len(grid))
         b = tuple(block) + (1,) * (3 - len(block))
-        self._check(self.cu.cuLaunchKernel(self.fns[name], *g, *b, 0, ctypes.c_void_p(stream), params, None),
-                    f"cuLaunchKernel({name})")
+        if not pdl:
+            self._check(self.cu.cuLaunchKernel(self.fns[name], *g, *b, 0, ctypes.c_void_p(stream), params, None),
+                        f"cuLaunchKernel({name})")
+            return
+        attr = LaunchAttribute(id=LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        attr.value[0] = 1                            # programmaticStreamSerializationAllowed
+        cfg = LaunchConfig(grid=(ctypes.c_uint * 3)(*g), block=(ctypes.c_uint * 3)(*b), shared_bytes=0,
+                           stream=stream, attrs=ctypes.pointer(attr), num_attrs=1)
+        self._check(self.cu.cuLaunchKernelEx(ctypes.byref(cfg), self.fns[name], params, None),
+                    f"cuLaunchKernelEx({name})")
 
 
 def device_arch(device: int = 0) -> tuple[str, int]:

@@ -71,6 +71,7 @@ extern "C" __global__ void __launch_bounds__(128)
                 const int* __restrict__ lens, float* __restrict__ part_o, float* __restrict__ part_ml,
                 int* __restrict__ count, half_t* __restrict__ o, float scale, int cache_len, int n_splits,
                 int len_add) {
+  STEP_ENTRY();
   const int h = blockIdx.x, c = blockIdx.y, s = blockIdx.z;
   const int kv_heads = gridDim.x, q_heads = kv_heads * GROUP;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, rg = tid / TPR, part = tid % TPR;

@@ -264,35 +264,35 @@ __device__ __forceinline__ void swiglu_q8_body(const half_t* __restrict__ x, con
 #define EDGEOCR_KERNELS(MM, KS)                                                                             \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       gemv_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k) {                        \
-    gemv_body<MM, KS, 1>(x, w, y, n, k);                                                                     \
+    STEP_ENTRY(); gemv_body<MM, KS, 1>(x, w, y, n, k);                                                        \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       gemv2_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k) {                       \
-    gemv_body<MM, KS, 2>(x, w, y, n, k);                                                                     \
+    STEP_ENTRY(); gemv_body<MM, KS, 2>(x, w, y, n, k);                                                        \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       gemvf_m##MM##_ks##KS(const half_t* x, const half_t* w, float* y, int n, int k) {                        \
-    gemv_body<MM, KS, 1>(x, w, y, n, k);                                                                     \
+    STEP_ENTRY(); gemv_body<MM, KS, 1>(x, w, y, n, k);                                                        \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       swiglu_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k, int gate_mul,          \
                             int up_off) {                                                                    \
-    swiglu_body<MM, KS>(x, w, y, n, k, gate_mul, up_off);                                                    \
+    STEP_ENTRY(); swiglu_body<MM, KS>(x, w, y, n, k, gate_mul, up_off);                                      \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       gemv_q8_m##MM##_ks##KS(const half_t* x, const unsigned char* w, const half_t* s, half_t* y, int n,      \
                              int k) {                                                                        \
-    gemv_q8_body<MM, KS>(x, w, s, y, n, k);                                                                  \
+    STEP_ENTRY(); gemv_q8_body<MM, KS>(x, w, s, y, n, k);                                                    \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       gemvf_q8_m##MM##_ks##KS(const half_t* x, const unsigned char* w, const half_t* s, float* y, int n,     \
                               int k) {                                                                       \
-    gemv_q8_body<MM, KS>(x, w, s, y, n, k);                                                                  \
+    STEP_ENTRY(); gemv_q8_body<MM, KS>(x, w, s, y, n, k);                                                    \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       swiglu_q8_m##MM##_ks##KS(const half_t* x, const unsigned char* w, const half_t* s, half_t* y, int n,   \
                                int k, int gate_mul, int up_off) {                                            \
-    swiglu_q8_body<MM, KS>(x, w, s, y, n, k, gate_mul, up_off);                                              \
+    STEP_ENTRY(); swiglu_q8_body<MM, KS>(x, w, s, y, n, k, gate_mul, up_off);                                \
   }
 
 #define EDGEOCR_KERNELS_KS(MM) \

@@ -246,31 +246,31 @@ __device__ __forceinline__ void tc_swiglu_q8_body(const half_t* __restrict__ x, 
 #define EDGEOCR_TC_KERNELS(MM, KS)                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       tc_gemv_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k) {                     \
-    tc_gemv_body<MM, KS>(x, w, y, n, k);                                                                     \
+    STEP_ENTRY(); tc_gemv_body<MM, KS>(x, w, y, n, k);                                                        \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       tc_gemvf_m##MM##_ks##KS(const half_t* x, const half_t* w, float* y, int n, int k) {                     \
-    tc_gemv_body<MM, KS>(x, w, y, n, k);                                                                     \
+    STEP_ENTRY(); tc_gemv_body<MM, KS>(x, w, y, n, k);                                                        \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       tc_swiglu_m##MM##_ks##KS(const half_t* x, const half_t* w, half_t* y, int n, int k, int gate_mul,       \
                                int up_off) {                                                                 \
-    tc_swiglu_body<MM, KS>(x, w, y, n, k, gate_mul, up_off);                                                 \
+    STEP_ENTRY(); tc_swiglu_body<MM, KS>(x, w, y, n, k, gate_mul, up_off);                                   \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       tc_gemv_q8_m##MM##_ks##KS(const half_t* x, const unsigned char* w, const half_t* s, half_t* y, int n,   \
                                 int k) {                                                                     \
-    tc_gemv_q8_body<MM, KS>(x, w, s, y, n, k);                                                               \
+    STEP_ENTRY(); tc_gemv_q8_body<MM, KS>(x, w, s, y, n, k);                                                 \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       tc_gemvf_q8_m##MM##_ks##KS(const half_t* x, const unsigned char* w, const half_t* s, float* y, int n,   \
                                  int k) {                                                                    \
-    tc_gemv_q8_body<MM, KS>(x, w, s, y, n, k);                                                               \
+    STEP_ENTRY(); tc_gemv_q8_body<MM, KS>(x, w, s, y, n, k);                                                 \
   }                                                                                                          \
   extern "C" __global__ void __launch_bounds__(256)                                                          \
       tc_swiglu_q8_m##MM##_ks##KS(const half_t* x, const unsigned char* w, const half_t* s, half_t* y, int n, \
                                   int k, int gate_mul, int up_off) {                                         \
-    tc_swiglu_q8_body<MM, KS>(x, w, s, y, n, k, gate_mul, up_off);                                           \
+    STEP_ENTRY(); tc_swiglu_q8_body<MM, KS>(x, w, s, y, n, k, gate_mul, up_off);                             \
   }
 
 #define EDGEOCR_TC_KERNELS_KS(MM) \

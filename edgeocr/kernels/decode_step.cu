@@ -46,6 +46,7 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 
 extern "C" __global__ void __launch_bounds__(256)
     embed_rows(const long long* __restrict__ ids, const half_t* __restrict__ table, half_t* __restrict__ x, int h) {
+  STEP_ENTRY();
   const int s = blockIdx.x;
   const long long id = ids[s];
   for (int j = threadIdx.x; j < h; j += blockDim.x) x[(size_t)s * h + j] = table[(size_t)id * h + j];
@@ -56,6 +57,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     embed_rows_q8(const long long* __restrict__ ids, const unsigned char* __restrict__ table,
                   const half_t* __restrict__ scales, half_t* __restrict__ x, int h) {
+  STEP_ENTRY();
   const int s = blockIdx.x;
   const long long id = ids[s];
   for (int j = threadIdx.x; j < h; j += blockDim.x)
@@ -65,6 +67,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     add_rmsnorm(half_t* __restrict__ x, const half_t* __restrict__ delta, const half_t* __restrict__ gamma,
                 half_t* __restrict__ xn, int h, float eps) {
+  STEP_ENTRY();
   __shared__ float scratch[32];
   const int s = blockIdx.x;
   half_t* xs = x + (size_t)s * h;
@@ -87,6 +90,7 @@ extern "C" __global__ void __launch_bounds__(128)
                        const half_t* __restrict__ qn, const half_t* __restrict__ kn, const int* __restrict__ lens,
                        half_t* __restrict__ kc, half_t* __restrict__ vc, half_t* __restrict__ q, int nq, int kvh,
                        int cache_len, float eps) {
+  STEP_ENTRY();
   __shared__ float xs[HEAD_DIM];
   __shared__ float scratch[32];
   const int h = blockIdx.x, s = blockIdx.y, j = threadIdx.x;
@@ -124,6 +128,7 @@ __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
 extern "C" __global__ void __launch_bounds__(256)
     select_partial(const float* __restrict__ logits, const float* __restrict__ seen, const float* __restrict__ penalty,
                    float* __restrict__ val, int* __restrict__ idx, int v) {
+  STEP_ENTRY();
   __shared__ float sv[256];
   __shared__ int si[256];
   const int part = blockIdx.x, parts = gridDim.x, s = blockIdx.y, t = threadIdx.x;
@@ -151,6 +156,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(32)
     select_final(const float* __restrict__ val, const int* __restrict__ idx, long long* __restrict__ next, int parts,
                  const int* __restrict__ live, int* __restrict__ lens) {
+  STEP_ENTRY();
   const int s = blockIdx.x, lane = threadIdx.x;
   float best = __int_as_float(0xff800000u);
   int bi = 0x7fffffff;
@@ -171,6 +177,7 @@ extern "C" __global__ void __launch_bounds__(128)
     step_begin(const long long* __restrict__ next, const int* __restrict__ live, const int* __restrict__ lens,
                const float* __restrict__ table_cos, const float* __restrict__ table_sin, float* __restrict__ seen,
                long long* __restrict__ ids, float* __restrict__ cos, float* __restrict__ sin, int v, int d) {
+  STEP_ENTRY();
   const int s = blockIdx.x;
   const long long tok = next[s];
   const size_t row = (size_t)lens[s] * d;
