@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# llama.cpp on the same GPU and the same real-size random-weight checkpoint as scripts/gpu_bench.sh, for the
-# per-token comparison in docs/perf.md.  The llama.cpp source is the copy bundled in the llama-cpp-python
-# 0.3.36 sdist (PyPI), stripped to what the build and the converter need (`prepare`, run once off the GPU).
+# llama.cpp on the same GPU and the same real-size random-weight checkpoint as edgeocr's GPU benches, for the
+# per-token and per-page comparisons in docs/perf.md.  The llama.cpp source is the copy bundled in the
+# llama-cpp-python 0.3.36 sdist (PyPI), stripped to what the build and the converter need (`prepare`, run once
+# off the GPU).
 #
 #   scripts/llamacpp_bench.sh prepare SDIST.tar.gz DEST    strip the sdist's vendor/llama.cpp into DEST
-#   scripts/llamacpp_bench.sh                               on a CUDA machine: build, convert, bench
+#   scripts/llamacpp_bench.sh build SRC CUDA_ROOT DEST     build the CUDA tools for sm_90 (H100 / H200) on any x86
+#                                                           machine with a CUDA toolkit at CUDA_ROOT (no GPU needed:
+#                                                           NVIDIA's nvcc, cudart, cuBLAS and CCCL wheels laid out as
+#                                                           one root do); the tools and their libraries into DEST
+#   scripts/llamacpp_bench.sh                               on a CUDA machine: build (or BIN=DEST from `build`),
+#                                                           convert, bench
 #   scripts/llamacpp_bench.sh --cpu                         the same with a CPU build (checks the script; with
 #                                                           CKPT=a small checkpoint, DEPTH=64 N_TOKENS=8 it runs in minutes)
 #                                                           NATIVE=ON: built for this CPU (AVX512 where it has it);
@@ -12,12 +18,14 @@
 #                                                           polling (--poll 0); MTMD_RUNS (default 3)
 #
 # On a CUDA machine: builds llama-bench and llama-mtmd-cli with -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
-# (JOBS parallel jobs, default all cores), converts the checkpoint (CKPT; made with quantize.realsize when absent)
-# with llama.cpp's convert_hf_to_gguf.py through scripts/llamacpp_convert.py: the text decoder in F16 and Q8_0
-# and the vision encoder + projector (mmproj) in F16, then runs
-#   llama-bench -n 256 -d 1093 -ngl 99 -fa 1 -p 0      decode at the depth of edgeocr's prompt, F16 and Q8_0
+# (JOBS parallel jobs, default all cores) unless BIN names tools built by `build`, converts the checkpoint (CKPT;
+# made with quantize.realsize when absent) with llama.cpp's convert_hf_to_gguf.py through scripts/llamacpp_convert.py:
+# the text decoder in F16 and Q8_0 and the vision encoder + projector (mmproj) in F16, then runs
+#   llama-bench -n 256,1024 -d 1093 -ngl 99 -fa 1 -p 0  decode at the depth of edgeocr's prompt, F16 and Q8_0
+#                                                       (N_TOKENS: the lengths, comma-separated)
 #   llama-bench -p 1093 -n 0 -ngl 99 -fa 1             a 1,093-token prompt
-#   llama-mtmd-cli ... --image calibration_data/eval/000000.jpg -n 1    (x3) image encode + image prefill times
+#   llama-mtmd-cli ... --image P,Q -n 1    (x MTMD_RUNS) two eval pages in one process: the first image's encode
+#                                          and prefill are cold (a fresh process), the second's warm
 # Results in $OUT: llamacpp.json (everything) and llamacpp.log.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,19 +45,46 @@ if [ "${1:-}" = prepare ]; then
   exit 0
 fi
 
+if [ "${1:-}" = build ]; then
+  SRC=${2:?llama.cpp source (from prepare)}; CUDA_ROOT=${3:?CUDA toolkit root}; DEST=${4:?destination directory}
+  B=${BUILD:-$(mktemp -d)}
+  L=$CUDA_ROOT/lib
+  # no GPU driver here: the tools link against the toolkit's driver stub (lib/stubs/libcuda.so, found under its
+  # soname too); GGML_NATIVE=OFF: the CPU backend must run on the GPU machine's CPU, not only this one's
+  [ -e "$L/stubs/libcuda.so" ] && [ ! -e "$L/stubs/libcuda.so.1" ] && ln -s libcuda.so "$L/stubs/libcuda.so.1"
+  PATH=$CUDA_ROOT/bin:$PATH cmake -S "$SRC" -B "$B" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$CUDA_ROOT/bin/nvcc" -DCUDAToolkit_ROOT="$CUDA_ROOT" \
+    -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$L:$L/stubs" \
+    -DGGML_NATIVE=OFF -DGGML_CCACHE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -Wno-dev || exit 1
+  PATH=$CUDA_ROOT/bin:$PATH cmake --build "$B" -j "${JOBS:-$(nproc)}" --target llama-bench llama-mtmd-cli || exit 1
+  mkdir -p "$DEST/src" && cp -a "$B"/bin/llama-bench "$B"/bin/llama-mtmd-cli "$B"/bin/*.so* "$DEST"/ || exit 1
+  strip --strip-unneeded "$DEST"/llama-* "$DEST"/*.so* 2>/dev/null
+  # the OpenMP runtime of this compiler too: the GPU machine's may sit outside the loader's path
+  for l in $(LD_LIBRARY_PATH=$DEST ldd "$DEST"/llama-bench "$DEST"/*.so* 2>/dev/null | awk '/libgomp/ {print $3}' | sort -u); do
+    cp -L "$l" "$DEST"/
+  done
+  # and what the converter needs (scripts/llamacpp_convert.py), so that DEST alone serves the bench
+  cp -a "$SRC"/convert_hf_to_gguf.py "$SRC"/conversion "$SRC"/gguf-py "$DEST/src"/ || exit 1
+  echo "llama.cpp CUDA tools in $DEST ($(du -sh "$DEST" | cut -f1)); on the GPU machine: BIN=$DEST, its CUDA 13 libraries on LD_LIBRARY_PATH"
+  exit 0
+fi
+
 MODE=gpu; [ "${1:-}" = --cpu ] && MODE=cpu
 cd "$ROOT"
 SITE=${SITE:-/tmp/site}
 export PYTHONPATH=$([ -d "$SITE" ] && echo "$SITE:")$ROOT PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-SRC=${LLAMA_SRC:-$ROOT/.carry/llama}
+SRC=${LLAMA_SRC:-$([ -n "${BIN:-}" ] && echo "$BIN/src" || echo "$ROOT/.carry/llama")}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 W=${WORK:-/tmp/work-perf}; mkdir -p "$W"
 CKPT=${CKPT:-$W/real-ckpt}
 BUILD=${BUILD:-$W/llama-build-$MODE}
 GG=$W/gguf; mkdir -p "$GG"
 JOBS=${JOBS:-$(nproc)}
-IMG=${IMG:-$ROOT/calibration_data/eval/000000.jpg}
+EVAL=$ROOT/calibration_data/eval
+# GPU: two pages a process, the second image's encode and prefill warm; CPU: one (each takes seconds there)
+if [ $MODE = gpu ]; then IMG=${IMG:-$EVAL/000000.jpg,$EVAL/000001.jpg}; else IMG=${IMG:-$EVAL/000000.jpg}; fi
 LOG=$OUT/llamacpp.log; : > "$LOG"
 R=$W/llamacpp-results; rm -rf "$R"; mkdir -p "$R"
 T0=$(date +%s)
@@ -60,16 +95,22 @@ timed_to() { local name=$1 file=$2; shift 2; local t=$(date +%s); say "-- $name"
   echo "{\"rc\": $rc, \"seconds\": $(( $(date +%s) - t ))}" > "$R/step_$name.json"
   [ $rc = 0 ] || say "   $name failed (rc $rc), see llamacpp.log"; return $rc; }
 
-[ -f "$SRC/CMakeLists.txt" ] || { say "error: no llama.cpp source at $SRC (LLAMA_SRC); see 'prepare'"; exit 2; }
+[ -f "$SRC/convert_hf_to_gguf.py" ] || { say "error: no llama.cpp source at $SRC (LLAMA_SRC); see 'prepare'"; exit 2; }
 if [ $MODE = gpu ]; then CUDA="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"; NGL=99; else CUDA="-DGGML_NATIVE=${NATIVE:-OFF}"; NGL=0; fi
 TH=(); [ -n "${THREADS:-}" ] && TH=(-t "$THREADS")
 [ -n "${POLL:-}" ] && TH+=(--poll "$POLL")
 
-# 1. build
+# 1. build (or the tools of `build`)
+if [ -n "${BIN:-}" ]; then
+  [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-mtmd-cli" ] || { say "error: no llama-bench / llama-mtmd-cli in BIN=$BIN"; exit 2; }
+  export LD_LIBRARY_PATH=$BIN${CUDA_LIBS:+:$CUDA_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  say "prebuilt tools in $BIN"
+else
 timed configure cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release $CUDA -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF
 timed build cmake --build "$BUILD" -j "$JOBS" --target llama-bench llama-mtmd-cli
 BIN=$BUILD/bin
+fi
 
 # 2. convert (the same checkpoint as gpu_bench.sh)
 [ -f "$CKPT/config.json" ] || timed checkpoint $PY -m quantize.realsize "$CKPT"
@@ -80,7 +121,7 @@ done
   --outtype f16 --mmproj
 
 # 3. bench: decode at edgeocr's prompt depth, a 1,093-token prompt, and image encoding through mtmd
-N=${N_TOKENS:-256}; DEPTH=${DEPTH:-1093}     # edgeocr's prompt for one page: 1,093 tokens
+N=${N_TOKENS:-$([ $MODE = gpu ] && echo 256,1024 || echo 256)}; DEPTH=${DEPTH:-1093}     # edgeocr's prompt for one page: 1,093 tokens
 timed_to bench_decode "$R/decode.json" "$BIN/llama-bench" -m "$GG/text-f16.gguf" -m "$GG/text-q8_0.gguf" -n $N \
   -d $DEPTH -p 0 -ngl $NGL -fa 1 "${TH[@]}" -o json
 timed_to bench_prompt "$R/prompt.json" "$BIN/llama-bench" -m "$GG/text-f16.gguf" -m "$GG/text-q8_0.gguf" -p $DEPTH \
@@ -92,10 +133,11 @@ for k in $(seq 1 "${MTMD_RUNS:-3}"); do
 done
 
 # 4. one JSON
-$PY - "$R" "$LOG" "$OUT/llamacpp.json" "$GG" <<'EOF'
+$PY - "$R" "$LOG" "$OUT/llamacpp.json" "$GG" "$IMG" <<'EOF'
 import json, re, sys
 from pathlib import Path
 R, log, out, gg = Path(sys.argv[1]), Path(sys.argv[2]).read_text(errors="replace"), sys.argv[3], Path(sys.argv[4])
+images = sys.argv[5].split(",")
 def bench(name):
     try:
         rows = json.loads((R / f"{name}.json").read_text())
@@ -109,6 +151,7 @@ enc = [int(x) for x in re.findall(r"(?:slice encoded|batch encoding done) in (\d
 dec = [int(x) for x in re.findall(r"decoded \(batch \d+/\d+\) in (\d+) ms", log)]
 img_tokens = [int(x) for x in re.findall(r"n_tokens_batch = (\d+)", log)]
 res = {"decode_at_depth": bench("decode"), "prompt": bench("prompt"),
+       "mtmd_images_per_run": len(images), "mtmd_images": [Path(i).name for i in images],
        "mtmd_image_encode_ms": enc, "mtmd_image_prefill_ms": dec, "mtmd_image_tokens": img_tokens,
        "gguf_mib": {p.name: round(p.stat().st_size / 2**20, 1) for p in gg.glob("*.gguf")},
        "steps": {p.stem[5:]: json.loads(p.read_text()) for p in R.glob("step_*.json")}}
