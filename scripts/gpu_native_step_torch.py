@@ -170,10 +170,13 @@ def run(args, sz: dict, slots: int, torch, dev) -> dict:
     sms = props.multi_processor_count if props else 1
     tc = args.gemv == "tensor-cores" and props is not None and props.major >= 8
     plan = ns.step_plan(dims, slots, sms, state=True, tensor_cores=tc)
+    # programmatic dependent launch as the runtime decides it (sm_90 on, EDGEOCR_PDL)
+    pdl = props is not None and ns.pdl_enabled(f"sm_{props.major}{props.minor}")
     res = {"slots": slots, "weights": args.weights, "depth": depth, "kernels_per_step": len(plan),
-           "gemv": "tensor-cores" if tc else "cuda-cores", "build_s": round(build_s, 1)}
+           "gemv": "tensor-cores" if tc else "cuda-cores", "pdl": pdl, "build_s": round(build_s, 1)}
     if dev.type == "cuda":
-        step = ns.CudaStep(plan, {k: b.ptr for k, b in bufs.items()}, ns.kernel_defines(dims, slots, tc), graph=True)
+        step = ns.CudaStep(plan, {k: b.ptr for k, b in bufs.items()}, ns.kernel_defines(dims, slots, tc), graph=True,
+                           pdl=pdl)
         step.capture()
         step.run()
     else:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # edgeocr beside llama.cpp on one CUDA machine in one run, per page of 256 and 1,024 new tokens (docs/perf.md
 # section 20).  Needs CUDA torch, transformers and onnxruntime-gpu importable (SITE=/tmp/site first on PYTHONPATH
-# if it exists) and llama.cpp's tools: BIN=DEST of `scripts/llamacpp_bench.sh build` (else llamacpp_bench.sh
-# builds them here, about 400 s on 16 cores).
+# if it exists) and llama.cpp's CUDA tools already built: BIN=DEST of `scripts/llamacpp_bench.sh build` (building
+# them here takes about 400 s on 16 cores, more than this script leaves: run `scripts/llamacpp_bench.sh` on its
+# own then).  CUDA_LIBS: where the GPU machine's CUDA 13 libraries are (default /usr/local/cuda/lib64).
 #   1. the real-size architecture on random weights, FP16 export (gqa, selection in the graph, 4,096-token cache),
 #      fused for CUDA, made into native-step artifacts: FP16 weights (float), 8-bit weights and embedding (int8),
 #      FP16 decoder weights with 8-bit vision weights (f16v8) (scripts/gpu_realsize.sh)
@@ -14,7 +15,8 @@
 #   3. device memory after two pages of 256 tokens, one slot (gpu_perf.py memory, the runtime's settings), and
 #      the CUDA kernels of a decode step of each form in PROFILE (default int8; gpu_profile.py)
 #   4. scripts/llamacpp_bench.sh on the same checkpoint: decode of 256 and 1,024 tokens at depth 1,093 (F16, Q8_0),
-#      a 1,093-token prompt, two pages through llama-mtmd-cli (the second image's encode and prefill warm)
+#      a 1,093-token prompt, two eval pages as two images of one llama-mtmd-cli prompt (the second image's encode
+#      and prefill warm)
 #   5. side_by_side.json: every figure, and per page (ms) = what each measured end to end for edgeocr; for llama.cpp
 #      the warm image encode + image prefill + the new tokens at its measured mean per token
 # FORMS (default "f16v8 int8 float"), ROUNDS, DEADLINE (seconds, default 560; steps that would end past it are
@@ -25,6 +27,7 @@ source "$(dirname "$0")/gpu_call_common.sh" /tmp/work
 # shellcheck source=scripts/gpu_realsize.sh
 source "$(dirname "$0")/gpu_realsize.sh"
 DEADLINE=${DEADLINE:-560}
+[ -x "${BIN:-}/llama-bench" ] || { say "error: BIN must name llama.cpp's CUDA tools (scripts/llamacpp_bench.sh build)"; exit 2; }
 FORMS=${FORMS:-f16v8 int8 float}
 left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 
@@ -44,7 +47,7 @@ for k in $(seq 1 "${ROUNDS:-2}"); do
       [ "$set" = base ] || name=$form-$set
       [ "$set" = nopdl ] && env=(EDGEOCR_PDL=0)
       [ "$(left)" -gt 200 ] || { say "skipped bench_${name}_${tokens}_$k (deadline; llama.cpp needs ~150 s)"; continue; }
-      run "bench_${name}_${tokens}_$k" 90 env "${env[@]}" $PY -m edgeocr bench "$F-native-$form" --device cuda \
+      run "bench_${name}_${tokens}_$k" 90 env ${env[@]+"${env[@]}"} $PY -m edgeocr bench "$F-native-$form" --device cuda \
         --tokens "$tokens" --repeats "$repeats" --image "$IMG" --json "$R/bench_${name}_${tokens}_$k.json"
     done
   done
@@ -64,7 +67,8 @@ for form in ${PROFILE-int8}; do
 done
 
 [ "$(left)" -gt 60 ] || { say "skipped llama.cpp (deadline)"; exit 1; }
-run llamacpp "$(left)" env OUT="$R" WORK=/tmp/work-llamacpp CKPT="$W/real-ckpt" CUDA_LIBS=/usr/local/cuda/lib64 \
+run llamacpp "$(left)" env OUT="$R" WORK=/tmp/work-llamacpp CKPT="$W/real-ckpt" \
+  CUDA_LIBS="${CUDA_LIBS:-/usr/local/cuda/lib64}" IMG="$ROOT/calibration_data/eval/000000.jpg,$ROOT/calibration_data/eval/000001.jpg" \
   bash scripts/llamacpp_bench.sh
 
 $PY - "$R" <<'EOF' | tee -a "$R/run.log"
@@ -77,7 +81,7 @@ for p in sorted(R.glob("memory_*.json")):
 for p in sorted(R.glob("profile_*.json")):
     out["profile"][p.stem[8:]] = json.loads(p.read_text())
 for p in sorted(R.glob("bench_*.json")):
-    _, form, tokens, k = p.stem.split("_")
+    form, tokens, k = p.stem[len("bench_"):].rsplit("_", 2)
     r = json.loads(p.read_text())["edgeocr"]
     out["edgeocr"].setdefault(form, {}).setdefault(tokens, []).append(
         {"round": int(k), "total_ms": r["total_ms"], "from_pixels_ms": r["total_ms"] - r["preprocess_ms"],
@@ -94,7 +98,7 @@ except Exception as e:                      # the log says why
     ll = {"error": str(e)}
 out["llamacpp"] = ll
 enc, dec, n_img = ll.get("mtmd_image_encode_ms") or [], ll.get("mtmd_image_prefill_ms") or [], ll.get("mtmd_images_per_run", 1)
-if enc and dec and n_img >= 2:
+if enc and dec and n_img >= 2 and len(enc) % n_img == 0 and len(enc) == len(dec):
     warm_enc = statistics.median(enc[n_img - 1::n_img])      # the last image of each process
     warm_dec = statistics.median(dec[n_img - 1::n_img])
     out["llamacpp_image_warm_ms"] = {"encode": warm_enc, "prefill": warm_dec}
@@ -104,6 +108,8 @@ if enc and dec and n_img >= 2:
             out["per_page_ms"][f"llama.cpp {kind} {row['n_gen']}"] = {
                 "from_pixels": round(warm_enc + warm_dec + row["n_gen"] * row["avg_ms_per_token"], 1),
                 "decode_ms_per_token": round(row["avg_ms_per_token"], 4)}
+if "llamacpp_image_warm_ms" not in out:
+    print("no per-page llama.cpp figures: its image timings are missing or not one encode and one prefill per image")
 (R / "side_by_side.json").write_text(json.dumps(out, indent=1))
 print(json.dumps(out["per_page_ms"], indent=1))
 EOF

@@ -9,8 +9,9 @@
 #                                                           machine with a CUDA toolkit at CUDA_ROOT (no GPU needed:
 #                                                           NVIDIA's nvcc, cudart, cuBLAS and CCCL wheels laid out as
 #                                                           one root do); the tools and their libraries into DEST
-#   scripts/llamacpp_bench.sh                               on a CUDA machine: build (or BIN=DEST from `build`),
-#                                                           convert, bench
+#   scripts/llamacpp_bench.sh                               on a CUDA machine: build (or BIN=DEST from `build`, with
+#                                                           CUDA_LIBS= the folder of that machine's CUDA 13
+#                                                           libraries, e.g. /usr/local/cuda/lib64), convert, bench
 #   scripts/llamacpp_bench.sh --cpu                         the same with a CPU build (checks the script; with
 #                                                           CKPT=a small checkpoint, DEPTH=64 N_TOKENS=8 it runs in minutes)
 #                                                           NATIVE=ON: built for this CPU (AVX512 where it has it);
@@ -24,8 +25,9 @@
 #   llama-bench -n 256,1024 -d 1093 -ngl 99 -fa 1 -p 0  decode at the depth of edgeocr's prompt, F16 and Q8_0
 #                                                       (N_TOKENS: the lengths, comma-separated)
 #   llama-bench -p 1093 -n 0 -ngl 99 -fa 1             a 1,093-token prompt
-#   llama-mtmd-cli ... --image P,Q -n 1    (x MTMD_RUNS) two eval pages in one process: the first image's encode
-#                                          and prefill are cold (a fresh process), the second's warm
+#   llama-mtmd-cli ... --image P,Q -n 1    (x MTMD_RUNS) two eval pages as two images of one prompt: the first
+#                                          image's encode and prefill are cold (a fresh process), the second's
+#                                          warm (prefilled after the first's tokens)
 # Results in $OUT: llamacpp.json (everything) and llamacpp.log.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,10 +50,12 @@ fi
 if [ "${1:-}" = build ]; then
   SRC=${2:?llama.cpp source (from prepare)}; CUDA_ROOT=${3:?CUDA toolkit root}; DEST=${4:?destination directory}
   B=${BUILD:-$(mktemp -d)}
-  L=$CUDA_ROOT/lib
+  L=$CUDA_ROOT/lib64; [ -d "$L" ] || L=$CUDA_ROOT/lib            # a toolkit's lib64, or the wheels' lib
   # no GPU driver here: the tools link against the toolkit's driver stub (lib/stubs/libcuda.so, found under its
   # soname too); GGML_NATIVE=OFF: the CPU backend must run on the GPU machine's CPU, not only this one's
-  [ -e "$L/stubs/libcuda.so" ] && [ ! -e "$L/stubs/libcuda.so.1" ] && ln -s libcuda.so "$L/stubs/libcuda.so.1"
+  if [ -e "$L/stubs/libcuda.so" ] && [ ! -e "$L/stubs/libcuda.so.1" ]; then
+    ln -s libcuda.so "$L/stubs/libcuda.so.1" || { echo "error: cannot add $L/stubs/libcuda.so.1 (the stub's soname)" >&2; exit 1; }
+  fi
   PATH=$CUDA_ROOT/bin:$PATH cmake -S "$SRC" -B "$B" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$CUDA_ROOT/bin/nvcc" -DCUDAToolkit_ROOT="$CUDA_ROOT" \
     -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$L:$L/stubs" \

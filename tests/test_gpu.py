@@ -236,6 +236,7 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights, vision):
     native = native_step_artifact(art, tmp_path / "native", weights=weights, vision=vision)
     assert native.decoder.native_step["embedding"] == weights
     monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "1")
+    monkeypatch.delenv("EDGEOCR_PDL", raising=False)                    # the default
     nat = OCRModel(tmp_path / "native", device="cuda")
     assert nat.session.engine == "native-cuda" and nat.preparer.engine == "kernels"    # the exact path's pixels
     assert nat.session.vision_graph == (vision == "int8")   # the default: replayed where 8-bit vision leaves room

@@ -230,32 +230,63 @@ def test_the_kernels_compile_for_orin_ada_and_hopper(arch):
 
 
 def test_programmatic_dependent_launch_is_compiled_from_hopper_on(monkeypatch):
-    """With -DPDL every step kernel waits for the one before it (griddepcontrol, sm_90 on): the sm_90 cubin
-    changes and the sm_87 one (Orin) does not; EDGEOCR_PDL switches it, on by default from sm_90; the launch
-    structures have cuda.h's layout (CUlaunchAttribute 72 bytes, its value at 8; CUlaunchConfig 56, the stream at
-    32, the attributes at 40, their count at 48)."""
+    """With -DPDL every kernel of the step, the tensor-core GEMVs included, first waits for the one before it and
+    only then lets the next one be scheduled and touches memory (griddepcontrol, sm_90 on: checked in the PTX of
+    every entry); without it no kernel does; the sm_87 cubin (Orin) is the same either way.  EDGEOCR_PDL switches
+    it, on by default from sm_90, and any other value than 0 or 1 is an error.  The launch structures have cuda.h's
+    layout (CUlaunchAttribute 72 bytes, its value at 8; CUlaunchConfig 56, the stream at 32, the attributes at 40,
+    their count at 48)."""
     import ctypes
+    import re
 
     from edgeocr.backends import nvrtc
     from edgeocr.backends.native_step import PDL_ENV, SOURCE, Dims, kernel_defines, pdl_enabled
-    from edgeocr.errors import BackendError
     d = Dims(layers=2, hidden=256, inter=512, nq=4, kvh=2, head_dim=128, vocab=1000, cache_len=512, eps=1e-5,
              lm_head="embed")
+    memory = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld|st|atom|red|cp\.async)\.(?!param)", re.M)
+    for slots in (1, 8):                             # 8: the tensor-core GEMVs too
+        defines = kernel_defines(d, slots, tensor_cores=True)
+        entries = re.split(r"\.visible \.entry ", nvrtc.compile_ptx(SOURCE, "sm_90", {**defines, "PDL": 1}))[1:]
+        assert len(entries) > 30 and (slots == 1 or any(e.startswith("tc_") for e in entries))
+        for e in entries:
+            wait, release = e.find("griddepcontrol.wait"), e.find("griddepcontrol.launch_dependents")
+            first = memory.search(e)
+            assert 0 <= wait < release and (first is None or first.start() > release), e.split("(")[0]
+        assert "griddepcontrol" not in nvrtc.compile_ptx(SOURCE, "sm_90", defines)
     defines = kernel_defines(d, 1)
-    for arch, differs in (("sm_87", False), ("sm_90", True)):
-        plain = nvrtc.compile_cubin(SOURCE, arch, defines)
-        pdl = nvrtc.compile_cubin(SOURCE, arch, {**defines, "PDL": 1})
-        assert (plain != pdl) == differs, arch
+    assert nvrtc.compile_cubin(SOURCE, "sm_87", defines) == nvrtc.compile_cubin(SOURCE, "sm_87", {**defines, "PDL": 1})
     monkeypatch.delenv(PDL_ENV, raising=False)
     assert pdl_enabled("sm_90") and pdl_enabled("sm_100") and not pdl_enabled("sm_89")
     monkeypatch.setenv(PDL_ENV, "0")
     assert not pdl_enabled("sm_90")
     monkeypatch.setenv(PDL_ENV, "yes")
-    with pytest.raises(BackendError, match="EDGEOCR_PDL must be 0 or 1"):
+    with pytest.raises(ValueError, match="EDGEOCR_PDL must be 0 or 1"):
         pdl_enabled("sm_90")
     assert (ctypes.sizeof(nvrtc.LaunchAttribute), nvrtc.LaunchAttribute.value.offset) == (72, 8)
     c = nvrtc.LaunchConfig
     assert (ctypes.sizeof(c), c.stream.offset, c.attrs.offset, c.num_attrs.offset) == (56, 32, 40, 48)
+
+
+def test_a_driver_without_launch_ex_refuses_programmatic_launch_only():
+    """A CUDA driver older than 11.8 has no cuLaunchKernelEx: a launch with programmatic dependent launch raises
+    BackendError (the session then builds the step without it), a plain launch still goes through cuLaunchKernel."""
+    from edgeocr.backends import nvrtc
+    from edgeocr.errors import BackendError
+    calls = []
+
+    class OldDriver:                                  # what ctypes finds in an old libcuda.so.1: no cuLaunchKernelEx
+        @staticmethod
+        def cuLaunchKernel(*args):
+            calls.append(args)
+            return 0
+
+    m = object.__new__(nvrtc.Module)
+    m.cu, m._launch_ex, m.fns = OldDriver(), getattr(OldDriver, "cuLaunchKernelEx", None), {"k": 1}
+    m.launch("k", (2,), (32,), 0, [])
+    assert len(calls) == 1
+    with pytest.raises(BackendError, match="cuLaunchKernelEx"):
+        m.launch("k", (2,), (32,), 0, [], pdl=True)
+    assert len(calls) == 1
 
 
 def test_tensor_core_gemvs_cover_their_rows():

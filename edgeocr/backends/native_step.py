@@ -70,10 +70,11 @@ PDL_MIN_ARCH = 90
 
 def pdl_enabled(arch: str) -> bool:
     """Whether the step's kernels launch with programmatic dependent launch on this GPU ("sm_XY"): sm_90 and later
-    unless EDGEOCR_PDL=0 (the instruction it needs, griddepcontrol, exists from sm_90 on)."""
+    unless EDGEOCR_PDL=0 (the instruction it needs, griddepcontrol, exists from sm_90 on; measured on sm_90).  Any
+    other value is a configuration error (ValueError, as edgeocr.ort_options' settings), not a reason to fall back."""
     v = os.environ.get(PDL_ENV, "1").strip()
     if v not in ("0", "1"):
-        raise BackendError(f"{PDL_ENV} must be 0 or 1, not {v!r}")
+        raise ValueError(f"{PDL_ENV} must be 0 or 1, not {v!r}")
     return v == "1" and int(arch[3:]) >= PDL_MIN_ARCH
 
 
@@ -665,12 +666,24 @@ class NativeStepSession(GqaSession):
         from edgeocr.backends import nvrtc
         arch, sms = nvrtc.device_arch()
         self._sms, self._tc = sms, TENSOR_CORES and int(arch[3:]) >= 80
+        pdl = pdl_enabled(arch)
         bufs = self._step_buffers()
-        self._native = CudaStep(self._plan(), {k: b.ptr for k, b in bufs.items()}, kernel_defines(d, n, self._tc),
-                                graph=self._native_graph, pdl=pdl_enabled(arch))
         self._native_bufs = bufs
-        if self._native.graph:
-            self._native.capture()               # at load, before any worker thread exists
+        try:
+            self._native = self._cuda_step(bufs, pdl)
+        except BackendError as e:
+            if not pdl:
+                raise
+            # a driver that cannot launch or capture it: the same kernels, launched one after another
+            log.warning("programmatic dependent launch not used (%s): the step's kernels launch without it", e)
+            self._native = self._cuda_step(bufs, False)
+
+    def _cuda_step(self, bufs: dict, pdl: bool) -> "CudaStep":
+        step = CudaStep(self._plan(), {k: b.ptr for k, b in bufs.items()},
+                        kernel_defines(self.dims, self.slots, self._tc), graph=self._native_graph, pdl=pdl)
+        if step.graph:
+            step.capture()                       # at load, before any worker thread exists
+        return step
 
     def _plan(self) -> list[Launch]:
         return step_plan(self.dims, self.slots, self._sms, state=True, tensor_cores=self._tc)

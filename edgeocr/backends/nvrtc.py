@@ -63,6 +63,16 @@ def _load_nvrtc() -> ctypes.CDLL:
 def compile_cubin(source: str, arch: str, defines: dict[str, int] | None = None, name: str = "edgeocr.cu") -> bytes:
     """`source` (which may #include the files of edgeocr/kernels) compiled for `arch` (e.g. "sm_90") with
     -D defines; a compile error raises with NVRTC's log."""
+    return _compile(source, arch, defines, name, ptx=False)
+
+
+def compile_ptx(source: str, arch: str, defines: dict[str, int] | None = None, name: str = "edgeocr.cu") -> str:
+    """The same compiled to PTX for the virtual architecture of `arch` ("sm_90" -> compute_90): the kernels'
+    instructions as text (tests read it)."""
+    return _compile(source, arch.replace("sm_", "compute_"), defines, name, ptx=True).rstrip(b"\0").decode()
+
+
+def _compile(source: str, arch: str, defines: dict[str, int] | None, name: str, ptx: bool) -> bytes:
     lib = _load_nvrtc()
     prog = ctypes.c_void_p()
     texts = [(KERNELS / h).read_bytes() for h in HEADERS]
@@ -82,13 +92,14 @@ def compile_cubin(source: str, arch: str, defines: dict[str, int] | None = None,
     if rc:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
         raise BackendError(f"NVRTC could not compile {name} for {arch}:\n{log.value.decode(errors='replace')}")
-    lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-    cubin = ctypes.create_string_buffer(size.value)
-    rc = lib.nvrtcGetCUBIN(prog, cubin)
+    kind = "PTX" if ptx else "CUBIN"
+    getattr(lib, f"nvrtcGet{kind}Size")(prog, ctypes.byref(size))
+    out = ctypes.create_string_buffer(size.value)
+    rc = getattr(lib, f"nvrtcGet{kind}")(prog, out)
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
     if rc:
-        raise BackendError(f"nvrtcGetCUBIN: error {rc}")
-    return cubin.raw
+        raise BackendError(f"nvrtcGet{kind}: error {rc}")
+    return out.raw
 
 
 LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6      # CUlaunchAttributeID (cuda.h)
@@ -116,8 +127,11 @@ class Module:
             raise BackendError(f"the CUDA driver library (libcuda.so.1) is not loadable: {e}") from None
         self.cu.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [
             ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        self.cu.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
-                                             ctypes.c_void_p]
+        # cuLaunchKernelEx (programmatic dependent launch) came with CUDA 11.8's driver; older ones lack it
+        self._launch_ex = getattr(self.cu, "cuLaunchKernelEx", None)
+        if self._launch_ex is not None:
+            self._launch_ex.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_void_p]
         mod = ctypes.c_void_p()
         rc = self.cu.cuModuleLoadData(ctypes.byref(mod), cubin)
         if rc:
@@ -146,12 +160,14 @@ class Module:
             self._check(self.cu.cuLaunchKernel(self.fns[name], *g, *b, 0, ctypes.c_void_p(stream), params, None),
                         f"cuLaunchKernel({name})")
             return
+        if self._launch_ex is None:
+            raise BackendError("the CUDA driver has no cuLaunchKernelEx (it needs CUDA 11.8 or later) for "
+                               "programmatic dependent launch")
         attr = LaunchAttribute(id=LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
         attr.value[0] = 1                            # programmaticStreamSerializationAllowed
         cfg = LaunchConfig(grid=(ctypes.c_uint * 3)(*g), block=(ctypes.c_uint * 3)(*b), shared_bytes=0,
                            stream=stream, attrs=ctypes.pointer(attr), num_attrs=1)
-        self._check(self.cu.cuLaunchKernelEx(ctypes.byref(cfg), self.fns[name], params, None),
-                    f"cuLaunchKernelEx({name})")
+        self._check(self._launch_ex(ctypes.byref(cfg), self.fns[name], params, None), f"cuLaunchKernelEx({name})")
 
 
 def device_arch(device: int = 0) -> tuple[str, int]:
