@@ -13,6 +13,8 @@
 #   5. `edgeocr bench` (first token: medians of 7 one-token calls) under each of BENCH (form:setting), twice,
 #      alternating
 #   6. scripts/gpu_profile.py of each form in PROFILE (CUDA kernels per stage, each stage's kernels in launch order)
+#   7. scripts/gpu_profile.py --admission 10 of each form in ADMISSION: one-token calls on the GPU's timeline, what
+#      the host adds to the first token from pixels
 # HOST=0 skips step 2.  Setting fpa: ORT_FPA_INTB_GEMM=1 (ONNX Runtime's CUTLASS fpA_intB GEMM for the MatMulNBits
 # nodes it accepts: 8-bit, blocks of 32, N and K multiples of 32).
 # Forms: float / int8 = the default fusion's native-step artifacts (scripts/gpu_realsize.sh), gfloat / gint8 = those of
@@ -39,7 +41,7 @@ for form in ${GEMM_FORMS-float}; do
   [ -f "$G-native-$form/manifest.json" ] || run "native_gemms_$form" 300 $PY -m quantize native-step "$G" \
     "$G-native-$form" --weights "$form" || exit 1
 done
-if [[ " ${MEMORY-} ${BENCH-} ${PROFILE-} " == *" f16v8"* ]] && [ ! -f "$F-native-f16v8/manifest.json" ]; then
+if [[ " ${MEMORY-} ${BENCH-} ${PROFILE-} ${ADMISSION-} " == *" f16v8"* ]] && [ ! -f "$F-native-f16v8/manifest.json" ]; then
   run native_f16v8 300 $PY -m quantize native-step "$F" "$F-native-f16v8" --weights float --vision int8 || exit 1
 fi
 [ "${HOST:-1}" = 1 ] && run host_decode 60 $PY scripts/host_decode_bench.py "$IMG" --repeats 30 --json "$R/host_decode.json"
@@ -74,4 +76,9 @@ for form in ${PROFILE-}; do
   [ "$(left)" -gt 40 ] || { say "skipped profile_$form (deadline)"; continue; }
   run "profile_$form" 90 $PY scripts/gpu_profile.py "${ART[$form]}" --steps 16 --sequence 700 --label "$form" \
     --json "$R/profile_$form.json"
+done
+for form in ${ADMISSION-}; do
+  [ "$(left)" -gt 60 ] || { say "skipped admission_$form (deadline)"; continue; }
+  run "admission_$form" 90 $PY scripts/gpu_profile.py "${ART[$form]}" --admission 10 --image "$IMG" --label "$form" \
+    --json "$R/admission_$form.json"
 done

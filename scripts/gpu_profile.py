@@ -3,12 +3,19 @@ ONNX Runtime CUDA, captured process-wide with CUPTI (torch.profiler), grouped by
 
     python scripts/gpu_profile.py ARTIFACT [--steps 64] [--cuda-graph] [--json OUT.json] [--label NAME]
                                   [--sequence N] [--live N]
+    python scripts/gpu_profile.py ARTIFACT --admission N [--image PAGE] [--json OUT.json]
     python scripts/gpu_profile.py ARTIFACT --device cpu [--json OUT.json]     # ORT node counts, no CUDA needed
 
 Per stage: wall time, GPU busy time (sum of kernel durations), kernel count, and the top kernels.  A decode
 step whose busy time is far below its wall time is bound by launches/gaps, not by the kernels.  With
 --device cpu (no GPU, e.g. to check a tiny artifact) each stage reports the nodes ONNX Runtime's CPU provider
 runs after its own graph optimizations (one kernel call each).
+
+--admission N: N one-token calls of the runtime's own path (`OCRModel.recognize`, as `edgeocr bench` times the
+first token), each laid out on the GPU's timeline: the host's first token from pixels (admission to the first
+token, less the device letterbox) beside the GPU's span over the same call (first to last kernel or copy after the
+letterbox), its busy time, and the idle gaps inside the span with the CUDA calls the host made during each; what
+the host adds to the first token is the gap between the two.
 """
 import argparse
 import json
@@ -105,6 +112,79 @@ def profile_cuda(artifact: str, steps: int, cuda_graph: bool, sequence: int = 0,
     return out
 
 
+GAP_US = 20.0          # idle gaps on the GPU's timeline worth naming (--admission)
+
+
+def _admission(call: dict, kernels: list, api: list, top: int = 6) -> dict:
+    """One call's GPU timeline: kernels/copies [(start us, end us, name)] sorted by start, from the letterbox's
+    last kernel on (the call's from-pixels part); api: the host's CUDA calls [(start us, end us, name)]."""
+    busy, span_end, gaps = 0.0, None, []
+    for (s0, e0, n0), (s1, e1, n1) in zip(kernels, kernels[1:]):
+        span_end = e0 if span_end is None else max(span_end, e0)
+        if s1 - span_end > GAP_US:
+            during = Counter(n for a0, a1, n in api if a1 > span_end and a0 < s1)
+            gaps.append({"us": round(s1 - span_end, 1), "after": n0[:80], "before": n1[:80],
+                         "host_calls": dict(during.most_common(4))})
+    merged = []                              # busy time: the union of the intervals (streams may overlap)
+    for s0, e0, _ in kernels:
+        if merged and s0 <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e0)
+        else:
+            merged.append([s0, e0])
+    busy = sum(e - s for s, e in merged)
+    span = (max(e for _, e, _ in kernels) - kernels[0][0]) if kernels else 0.0
+    return {**call, "gpu_span_ms": span / 1e3, "gpu_busy_ms": busy / 1e3, "gpu_idle_ms": (span - busy) / 1e3,
+            "kernels": len(kernels), "gaps": sorted(gaps, key=lambda g: -g["us"])[:top]}
+
+
+def profile_admission(artifact: str, calls: int, image=None) -> list[dict]:
+    """`calls` one-token calls of the runtime's path, each on the GPU's timeline (see --admission)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from edgeocr.bench import default_preprocess, synthetic_page
+    from edgeocr.decode import DecodeOptions
+    from edgeocr.model import OCRModel
+
+    m = OCRModel(artifact, device="cuda", preprocess=default_preprocess("cuda"))
+    page = image or synthetic_page()
+    one = DecodeOptions(max_new_tokens=1, ignore_stop=True)
+    for _ in range(4):                              # the vision and prefill CUDA graphs captured, then replayed
+        m.recognize(page, options=one)
+    torch.cuda.synchronize()
+    marks = []
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        for _ in range(calls):
+            r = m.recognize(page, options=one)
+            torch.cuda.synchronize()
+            marks.append(r.timings_ms)
+    evs = list(p.events())
+    cuda = sorted(((e.time_range.start, e.time_range.end, e.name) for e in evs
+                   if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda k: k[0])
+    api = sorted(((e.time_range.start, e.time_range.end, e.name) for e in evs
+                  if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith(("cuda", "cu"))),
+                 key=lambda k: k[0])
+    # calls are told apart by the GPU's idle time between them (each ends with a synchronize and host work)
+    groups, cur = [], []
+    for k in cuda:
+        if cur and k[0] - max(e for _, e, _ in cur) > 2000.0:     # 2 ms of nothing: the next call
+            groups.append(cur)
+            cur = []
+        cur.append(k)
+    if cur:
+        groups.append(cur)
+    if len(groups) != calls:
+        raise SystemExit(f"--admission: found {len(groups)} bursts of GPU work for {calls} calls; cannot attribute")
+    out = []
+    for t, g in zip(marks, groups):
+        lb = [i for i, k in enumerate(g) if "letterbox" in k[2].lower() or "resample" in k[2].lower()]
+        start = lb[-1] + 1 if lb else 0              # after the letterbox: the part from pixels
+        call = {"from_pixels_ms": t["first_token"] - t.get("letterbox", 0.0), "vision_ms": t["vision"],
+                "prefill_ms": t["prefill"], "letterbox_ms": t.get("letterbox", 0.0)}
+        out.append(_admission(call, g[start:], api))
+    return out
+
+
 def profile_cpu(artifact: str) -> list[dict]:
     """Nodes ONNX Runtime's CPU provider runs per vision call and per decoder call, after its optimizations."""
     import onnx
@@ -140,7 +220,24 @@ def main():
                     help="slots decoding during the profiled steps (the same page in each; default 1)")
     ap.add_argument("--sequence", type=int, default=0, metavar="N",
                     help="keep each stage's first N kernels in launch order in the JSON (the decode: its first step)")
+    ap.add_argument("--admission", type=int, default=0, metavar="N",
+                    help="instead: N one-token calls of the runtime's path on the GPU's timeline (host vs GPU)")
+    ap.add_argument("--image", help="--admission: this page (default: a synthetic one)")
     a = ap.parse_args()
+    if a.admission:
+        calls = profile_admission(a.artifact, a.admission, a.image)
+        print(f"##### {a.label or a.artifact}: admission, {len(calls)} one-token calls")
+        for c in calls:
+            print(f"   from pixels {c['from_pixels_ms']:.3f} ms (vision {c['vision_ms']:.3f}, prefill "
+                  f"{c['prefill_ms']:.3f}); GPU span {c['gpu_span_ms']:.3f}, busy {c['gpu_busy_ms']:.3f}, idle "
+                  f"{c['gpu_idle_ms']:.3f}; host beyond the GPU span {c['from_pixels_ms'] - c['gpu_span_ms']:.3f}")
+            for gp in c["gaps"][:3]:
+                print(f"      gap {gp['us']:.0f} us after {gp['after'][:50]} before {gp['before'][:50]}: "
+                      f"{gp['host_calls']}")
+        if a.json:
+            Path(a.json).write_text(json.dumps({"label": a.label, "artifact": a.artifact, "admission": calls},
+                                               indent=1))
+        return 0
     stages = (profile_cuda(a.artifact, a.steps, a.cuda_graph, a.sequence, a.live) if a.device == "cuda"
               else profile_cpu(a.artifact))
     print(f"##### {a.label or a.artifact}")

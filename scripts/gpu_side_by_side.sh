@@ -12,8 +12,9 @@
 #      2), forms alternating, ROUNDS times (default 2): every page from the encoded file, stop ids ignored, plus
 #      the medians of 7 one-token calls (SPECS: form setting:tokens:repeats, default "base:256:3 nopdl:256:3
 #      base:1024:2")
-#   3. device memory after two pages of 256 tokens, one slot (gpu_perf.py memory, the runtime's settings), and
-#      the CUDA kernels of a decode step of each form in PROFILE (default int8; gpu_profile.py)
+#   3. device memory after two pages of 256 tokens, one slot (gpu_perf.py memory, the runtime's settings), the
+#      CUDA kernels of a decode step of each form in PROFILE (default int8; gpu_profile.py), and 10 one-token calls
+#      of each form in ADMISSION (default "int8 f16v8") on the GPU's timeline (gpu_profile.py --admission)
 #   4. scripts/llamacpp_bench.sh on the same checkpoint: decode of 256 and 1,024 tokens at depth 1,093 (F16, Q8_0),
 #      a 1,093-token prompt, two eval pages as two images of one llama-mtmd-cli prompt (the second image's encode
 #      and prefill warm)
@@ -66,6 +67,13 @@ for form in ${PROFILE-int8}; do
     --json "$R/profile_$form.json"
 done
 
+# one-token calls of the runtime's path on the GPU's timeline: what the host adds to the first token from pixels
+for form in ${ADMISSION-int8 f16v8}; do
+  [ "$(left)" -gt 170 ] || { say "skipped admission_$form (deadline)"; continue; }
+  run "admission_$form" 90 $PY scripts/gpu_profile.py "$F-native-$form" --admission 10 --image "$IMG" \
+    --label "$form" --json "$R/admission_$form.json"
+done
+
 [ "$(left)" -gt 60 ] || { say "skipped llama.cpp (deadline)"; exit 1; }
 run llamacpp "$(left)" env OUT="$R" WORK=/tmp/work-llamacpp CKPT="$W/real-ckpt" \
   CUDA_LIBS="${CUDA_LIBS:-/usr/local/cuda/lib64}" IMG="$ROOT/calibration_data/eval/000000.jpg,$ROOT/calibration_data/eval/000001.jpg" \
@@ -75,11 +83,13 @@ $PY - "$R" <<'EOF' | tee -a "$R/run.log"
 import json, statistics, sys
 from pathlib import Path
 R = Path(sys.argv[1])
-out = {"edgeocr": {}, "llamacpp": None, "per_page_ms": {}, "memory": {}, "profile": {}}
+out = {"edgeocr": {}, "llamacpp": None, "per_page_ms": {}, "memory": {}, "profile": {}, "admission": {}}
 for p in sorted(R.glob("memory_*.json")):
     out["memory"][p.stem[7:]] = json.loads(p.read_text())
 for p in sorted(R.glob("profile_*.json")):
     out["profile"][p.stem[8:]] = json.loads(p.read_text())
+for p in sorted(R.glob("admission_*.json")):
+    out["admission"][p.stem[10:]] = json.loads(p.read_text())["admission"]
 for p in sorted(R.glob("bench_*.json")):
     form, tokens, k = p.stem[len("bench_"):].rsplit("_", 2)
     r = json.loads(p.read_text())["edgeocr"]
