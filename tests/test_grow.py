@@ -70,19 +70,29 @@ def test_grown_demo_model_gives_the_same_logits_and_tokens(grown_demo):
     of transformers' model (FP32, CPU; sdpa, the faster CPU attention) are those of demo_model."""
     out, _ = grown_demo
     runs = {}
-    for ckpt in (DEMO, out):
-        r = ref.TransformersRunner(str(ckpt), attn="sdpa")
-        lm, vt = r.model.model.language_model, r.model.model.vision_tower
-        assert (len(lm.layers), len(vt.layers)) == ((6, 6) if ckpt == DEMO else (8, 8))
-        pixels, ids, _ = r.page(EVAL_PAGE)
-        with torch.no_grad():
-            g = r.model.generate(**ref.inputs(r.model, pixels, ids), max_new_tokens=STEPS, do_sample=False,
-                                 repetition_penalty=r.penalty, eos_token_id=r.stop_ids, pad_token_id=r.stop_ids[0],
-                                 output_logits=True, return_dict_in_generate=True)
-        runs[ckpt] = (g.sequences[0, len(ids):].tolist(), torch.cat(g.logits).float())   # [steps], [steps, V]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)       # bit for bit: one thread's reduction order (threads contended by other work may
+    try:                           # split a reduction otherwise; seen once under a loaded CI machine)
+        for ckpt in (DEMO, out):
+            runs[ckpt] = _greedy_with_logits(ckpt)
+    finally:
+        torch.set_num_threads(threads)
     (tok_a, log_a), (tok_b, log_b) = runs[DEMO], runs[out]
     assert len(tok_a) == STEPS and tok_b == tok_a
     assert torch.equal(log_b, log_a)                     # a new layer adds exactly 0.0: bit-identical logits
+
+
+def _greedy_with_logits(ckpt):
+    """transformers' greedy steps on the eval page: (tokens [steps], logits [steps, V] float32)."""
+    r = ref.TransformersRunner(str(ckpt), attn="sdpa")
+    lm, vt = r.model.model.language_model, r.model.model.vision_tower
+    assert (len(lm.layers), len(vt.layers)) == ((6, 6) if ckpt == DEMO else (8, 8))
+    pixels, ids, _ = r.page(EVAL_PAGE)
+    with torch.no_grad():
+        g = r.model.generate(**ref.inputs(r.model, pixels, ids), max_new_tokens=STEPS, do_sample=False,
+                             repetition_penalty=r.penalty, eos_token_id=r.stop_ids, pad_token_id=r.stop_ids[0],
+                             output_logits=True, return_dict_in_generate=True)
+    return g.sequences[0, len(ids):].tolist(), torch.cat(g.logits).float()   # [steps], [steps, V]
 
 
 def test_new_layers_copy_their_neighbour_with_zeroed_residual_writers(grown_demo):
