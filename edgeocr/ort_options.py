@@ -142,9 +142,8 @@ def prefill_graph_wanted() -> bool | None:
     """Whether the decoder session replays each prefill as a CUDA graph (EDGEOCR_PREFILL_GRAPH: 1 | 0; None when
     unset: on for native-step artifacts, where it was measured, unless the arena is shared; 1 also takes the other
     artifacts with GroupQueryAttention and in-graph selection, except those with device-resident step state).  One
-    graph per slot and prompt length, captured on its third run (two plain runs size the arena first): by edgeocr
-    (edgeocr.backends.ort, `_replay`), or by ONNX Runtime in a session that also replays ONNX Runtime's step graph
-    (per thread there); the prompt's ids and RoPE tables are written into the
+    graph per slot and prompt length, captured on its third run on a thread (ONNX Runtime runs a graph id twice
+    before it captures it, and keeps its graphs per thread); the prompt's ids and RoPE tables are written into the
     same device buffers (once for pages of the same instruction).  With them the decoder session runs without
     memory patterns (a replayed prefill needs no plan).  Measured on an H100 (2026-12-06, docs/perf.md section 16):
     prefill 7.0 -> 6.1 ms; 72 MiB less device memory after two pages, 164 MiB less with memory patterns off for
@@ -175,7 +174,7 @@ def vision_graph_default(vision_weights: str | None, vision_ahead: bool | None =
     took 3,204.8 MiB on an H100, over 3,072; FP16 decoder and 8-bit vision weights 2,812.8: docs/perf.md sections
     18-19), unless the arena is shared (EDGEOCR_CUDA_ARENA=shared), shrunk after each call
     (EDGEOCR_VISION_ARENA=shrink) or the model's schedulers run visions ahead on a worker thread (`vision_ahead`;
-    None: EDGEOCR_VISION_AHEAD=1; the graph is replayed in line, where it was measured)."""
+    None: EDGEOCR_VISION_AHEAD=1; ONNX Runtime keeps its CUDA graphs per thread)."""
     shrink_asked = os.environ.get(VISION_ARENA_ENV, "").strip().lower() == "shrink"
     ahead = vision_ahead_asked() if vision_ahead is None else bool(vision_ahead)
     return vision_weights == "int8" and not shared_arena_wanted() and not ahead and not shrink_asked

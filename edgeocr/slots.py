@@ -124,8 +124,7 @@ class SlotScheduler:
         if vision_ahead is None:          # off: on the H200 it did not beat waiting admission (docs/batching.md)
             vision_ahead = vision_ahead_asked()
         if vision_ahead and getattr(session, "vision_graph", False):
-            # the vision graph is replayed in line only (measured so; vision ahead did not beat waiting admission
-            # on the H100 or the H200 either: docs/batching.md)
+            # ONNX Runtime keeps a CUDA graph per thread: the worker would capture its own while the steps run
             log.warning("vision ahead is off for this scheduler: the session replays its vision as a CUDA graph "
                         "(EDGEOCR_VISION_GRAPH=1, the default for native-step artifacts with 8-bit vision weights "
                         "unless the model is loaded with vision_ahead or EDGEOCR_VISION_AHEAD=1), which runs on the "

@@ -306,7 +306,7 @@ def test_prefill_graph_ids_cap_and_pending_per_thread():
 
     s = object.__new__(eort.GqaSession)
     s.device, s.step_graphs, s._ort = "cuda", 1, type("ort", (), {"RunOptions": RunOptions})
-    s.prefill_graph, s._pf_graph_ro, s._pf_graph_runs, s._own_prefill = True, {}, {}, False
+    s.prefill_graph, s._pf_graph_ro, s._pf_graph_runs = True, {}, {}
     s._ro_plain = eort._graph_run_options(s._ort, -1)
     gid = lambda slot, n: s._prefill_run_options(slot, n).entries["gpu_graph_id"]   # noqa: E731
     assert [s.prefill_capture_pending(0, 50)] + [gid(0, 50) for _ in range(3)] == [True, "2", "2", "2"]
@@ -322,92 +322,6 @@ def test_prefill_graph_ids_cap_and_pending_per_thread():
     assert gid(2, 7) == "-1" and not s.prefill_capture_pending(2, 7)
     s.prefill_graph = False
     assert not s.prefill_capture_pending(1, 50) and s._prefill_run_options(1, 50) is s._ro_plain
-
-
-class _FakeCudaRT:
-    """What OrtSession._replay asks of edgeocr.backends.cudart, recorded; `invalid` makes the next capture fail."""
-
-    def __init__(self):
-        self.calls, self.capturing, self.invalid, self.exes = [], None, False, 0
-
-    def graph_capture_begin(self, stream):
-        self.calls.append(("begin", stream))
-        self.capturing = stream
-
-    def graph_capture_end(self, stream):
-        self.calls.append(("end", stream))
-        self.capturing = None
-        if self.invalid:
-            self.invalid = False
-            from edgeocr.errors import BackendError
-            raise BackendError("cudaStreamEndCapture failed: operation would make the legacy stream depend on a "
-                               "capturing blocking stream")
-        self.exes += 1
-        return 1000 + self.exes
-
-    def graph_launch(self, exe, stream):
-        self.calls.append(("launch", exe, stream))
-
-    def stream_sync(self, stream):
-        self.calls.append(("sync", stream))
-
-
-def _replay_session():
-    from edgeocr.backends import ort as eort
-
-    s = object.__new__(eort.GqaSession)
-    s._cu, s._ro_async = _FakeCudaRT(), "async"
-    s._graphs, s._graph_runs, s._graph_failed = {}, {}, set()
-    s._own_prefill, s.vision_graph, s.prefill_graph = True, True, True
-
-    class Sess:
-        runs = []
-
-        def run_with_iobinding(self, binding, ro):
-            Sess.runs.append((binding, ro, s._cu.capturing))
-    return s, Sess()
-
-
-def test_replay_runs_plain_then_captures_the_third_run_then_launches():
-    """edgeocr's own CUDA graphs (OrtSession._replay): two plain runs without ONNX Runtime's end-of-run sync, the
-    third run inside a capture on the session's stream and then launched (a capture does not execute), every later
-    run one launch and no ONNX Runtime run at all; keys are captured apart; nothing here syncs (the caller does)."""
-    s, sess = _replay_session()
-    for _ in range(5):
-        s._replay(sess, "b0", 7, ("prefill", 0, 50))
-    assert sess.runs == [("b0", "async", None), ("b0", "async", None), ("b0", "async", 7)]
-    assert s._cu.calls == [("begin", 7), ("end", 7), ("launch", 1001, 7), ("launch", 1001, 7), ("launch", 1001, 7)]
-    assert not s.prefill_capture_pending(0, 50) and s.prefill_capture_pending(1, 50)
-    s._replay(sess, "v", 9, "vision")
-    assert s.vision_capture_pending()
-    s._replay(sess, "v", 9, "vision"), s._replay(sess, "v", 9, "vision")
-    assert s._graphs == {("prefill", 0, 50): 1001, "vision": 1002} and not s.vision_capture_pending()
-    assert not any(c[0] == "sync" for c in s._cu.calls)
-
-
-def test_replay_whose_capture_fails_runs_plain_from_then_on(caplog):
-    """A capture that fails (here: cudaStreamEndCapture refuses it) is reported once, the run is done again
-    plainly after the stream is synced (the captured kernels never ran), and the key runs plainly from then on
-    while other keys still capture; the cap of PREFILL_GRAPHS prefill graphs leaves further prompts plain."""
-    from edgeocr.backends import ort as eort
-
-    s, sess = _replay_session()
-    s._cu.invalid = True
-    with caplog.at_level("WARNING", logger="edgeocr"):
-        for _ in range(4):
-            s._replay(sess, "b", 3, ("prefill", 1, 20))
-    assert [r[2] for r in sess.runs] == [None, None, 3, None, None]           # the third captured, then redone
-    assert ("sync", 3) in s._cu.calls and not s._graphs
-    assert "prefill runs without a CUDA graph" in caplog.text and "legacy stream" in caplog.text
-    assert not s.prefill_capture_pending(1, 20)
-    for n in range(eort.PREFILL_GRAPHS):
-        s._graphs[("prefill", 2, n)] = n
-    s._graphs["vision"] = -1                                                # not counted against the cap
-    assert not s.prefill_capture_pending(3, 99)
-    sess.runs.clear()
-    for _ in range(4):
-        s._replay(sess, "c", 3, ("prefill", 3, 99))
-    assert [r[2] for r in sess.runs] == [None] * 4 and ("prefill", 3, 99) not in s._graphs
 
 
 def test_is_blank_at_the_ink_threshold():

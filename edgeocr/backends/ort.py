@@ -12,13 +12,6 @@ Flavours (the artifact's `decoder.attention`):
   buffer of its past_* input, so the graph writes its rows in place and attends over the live length only.
 Either one may also select tokens in the graph (`decoder.select_on_device`: repetition penalty + argmax, one
 int64 per slot read back per step); `GqaSession` on CUDA replays that step as a CUDA graph.
-
-On CUDA the vision graph (EDGEOCR_VISION_GRAPH) and the prefills (EDGEOCR_PREFILL_GRAPH, where no ONNX Runtime step
-graph shares their session) are replayed from CUDA graphs this module captures itself (`_replay`): each session runs
-on a stream of edgeocr's (`user_compute_stream`), a run is captured on that stream with ONNX Runtime's end-of-run
-sync turned off, and a replay is one `cudaGraphLaunch`.  ONNX Runtime's own graph replay synchronizes its stream
-inside every Run and its Run costs ~0.1-0.3 ms of host time before the launch: between a page's vision and its
-prefill the GPU sat idle for that (docs/perf.md section 21).
 """
 
 from __future__ import annotations
@@ -40,8 +33,7 @@ log = logging.getLogger("edgeocr")
 
 _NP = {"float32": np.float32, "float16": np.float16}
 PREFILL_GRAPHS = 64         # prefill CUDA graphs a session keeps at most (one per slot and prompt length)
-GRAPH_CAPTURE_RUN = 3       # a graph is captured on its third run (two plain runs size the arena first)
-ASYNC_RUN = "disable_synchronize_execution_providers"      # RunOptions: Run returns without syncing its stream
+GRAPH_CAPTURE_RUN = 3       # ONNX Runtime captures a graph id on its third run (two plain runs allocate first)
 
 
 def _session_options(ort, device: str, threads: int | None):
@@ -60,14 +52,6 @@ def _session_options(ort, device: str, threads: int | None):
 def _graph_run_options(ort, graph_id: int):
     ro = ort.RunOptions()
     ro.add_run_config_entry("gpu_graph_id", str(graph_id))
-    return ro
-
-
-def _async_run_options(ort):
-    """A run that returns once its kernels are queued on the session's stream (the caller syncs it), as a run
-    captured into a CUDA graph must."""
-    ro = ort.RunOptions()
-    ro.add_run_config_entry(ASYNC_RUN, "1")
     return ro
 
 
@@ -155,7 +139,6 @@ class OrtSession(abc.ABC):
         self.prefill_decoder = None
         self._pf_bindings = {}              # (id(decoder session), slot) -> the prefill binding (_prefill_binding)
         self._pf_prompt = None              # (ids, cos, sin) in the prefill buffers, when read-only arrays
-        self._seen_prompt, self._seen_row = None, None     # CUDA: the prompt whose seen row is on the device
         self.arena = "cpu" if device == "cpu" else "separate"
         if device == "cuda":
             from edgeocr.ort_options import (mem_pattern_wanted, memory_patterns, share_arena, shared_arena_wanted,
@@ -219,10 +202,7 @@ class OrtSession(abc.ABC):
         self._ro_plain = None               # a decoder run outside every CUDA graph (where the session has some)
         self._pf_graph_ro: dict[tuple[int, int], object] = {}     # (slot, prompt length) -> its graph's RunOptions
         self._pf_graph_runs: dict[tuple[int, int, int], int] = {}   # (thread, slot, prompt length) -> runs
-        self._own_prefill = False           # prefills replayed from graphs captured here (_replay)
-        self._graphs: dict = {}             # "vision" | ("prefill", slot, length) -> its executable CUDA graph
-        self._graph_runs: dict = {}         # the same keys -> runs so far
-        self._graph_failed: set = set()     # keys whose capture failed: plain runs
+        self._vision_runs: dict[int, int] = {}                           # thread -> vision runs
         if self.device != "cuda":
             return
         from edgeocr.ort_options import (cuda_stack_bytes, native_vision_weights, prefill_graph_wanted,
@@ -299,19 +279,12 @@ class OrtSession(abc.ABC):
             from edgeocr.backends import cudart
             v, d = priority_stream_options(cudart.load())
             vision_cuda, dec_cuda = {**cuda, **v}, {**cuda, **d}
-        # the vision graph and the prefills replayed from graphs captured here (_replay): on streams of ours
-        self._own_prefill = self.prefill_graph and not self.cuda_graph
-        if self.vision_graph or self._own_prefill:
-            from edgeocr.backends import cudart
-            self._ro_async = _async_run_options(ort)
-            self._cu = cudart.load()
         if self.vision_graph:               # one graph for every slot (encode_image copies in and out)
-            vision_cuda, self._vision_stream = self._own_stream(vision_cuda)
-        if self._own_prefill:
-            dec_cuda, self._decoder_stream = self._own_stream(dec_cuda)
+            vision_cuda = {**vision_cuda, "enable_cuda_graph": "1"}
+            self._ro_vision = _graph_run_options(ort, 1)
         providers = [("CUDAExecutionProvider", vision_cuda), "CPUExecutionProvider"]
         dec_providers = [("CUDAExecutionProvider", dec_cuda), "CPUExecutionProvider"]
-        if not self.cuda_graph:
+        if not (self.cuda_graph or self.prefill_graph):
             return providers, dec_providers
         # the decode step is captured once and replayed (gpu_graph_id 1, and 2.. for further step bindings);
         # prefill graphs take the ids after those (_prefill_run_options); every other run is outside them (-1)
@@ -321,52 +294,8 @@ class OrtSession(abc.ABC):
             self._ro_step = self._ro_steps[0]
         return providers, [("CUDAExecutionProvider", {**dec_cuda, "enable_cuda_graph": "1"}), "CPUExecutionProvider"]
 
-    def _own_stream(self, provider: dict) -> tuple[dict, int]:
-        """A session's provider options on a stream of ours (the one EDGEOCR_STREAM_PRIORITIES gave it, or a new
-        non-blocking one, which lives as long as the process: a session may use it until it is gone)."""
-        stream = provider.get("user_compute_stream")
-        if stream is None:
-            stream = str(self._cu.stream_create(non_blocking=True))
-        return {**provider, "user_compute_stream": stream}, int(stream)
-
-    def _replay(self, sess, binding, stream: int, key) -> None:
-        """Run `sess` over `binding` on `stream` (its user_compute_stream), from a CUDA graph of ours once there is
-        one: the first GRAPH_CAPTURE_RUN - 1 runs plain (ONNX Runtime sizes its arena), the next captured and
-        launched, every later one a launch.  Queued only: the caller syncs `stream`.  A capture that fails (an
-        ONNX Runtime that syncs or allocates inside its run) leaves this key to plain runs, with a warning."""
-        cu, exe = self._cu, self._graphs.get(key)
-        if exe is not None:
-            cu.graph_launch(exe, stream)
-            return
-        n = self._graph_runs[key] = self._graph_runs.get(key, 0) + 1
-        if (n < GRAPH_CAPTURE_RUN or key in self._graph_failed
-                or (key != "vision" and len(self._graphs) - ("vision" in self._graphs) >= PREFILL_GRAPHS)):
-            sess.run_with_iobinding(binding, self._ro_async)
-            return
-        cu.graph_capture_begin(stream)
-        try:
-            sess.run_with_iobinding(binding, self._ro_async)
-        except Exception as e:  # noqa: BLE001  (onnxruntime raises its own types)
-            why = e
-        else:
-            why = None
-        try:
-            exe = cu.graph_capture_end(stream)
-        except BackendError as e:
-            why = why or e
-        if why is not None:
-            self._graph_failed.add(key)
-            log.warning("the %s runs without a CUDA graph: its capture failed (%s)",
-                        "vision graph" if key == "vision" else "prefill", why)
-            cu.stream_sync(stream)
-            sess.run_with_iobinding(binding, self._ro_async)
-            return
-        self._graphs[key] = exe
-        cu.graph_launch(exe, stream)
-
     def _prefill_run_options(self, slot: int, s: int):
-        """The RunOptions of a prefill of `s` tokens into `slot` on this session's decoder where ONNX Runtime
-        keeps its graphs (a decoder that also replays ONNX Runtime's step graph): its own CUDA graph's
+        """The RunOptions of a prefill of `s` tokens into `slot` on this session's decoder: its own CUDA graph's
         (EDGEOCR_PREFILL_GRAPH), up to PREFILL_GRAPHS of them, or a run outside every graph."""
         if not self.prefill_graph:
             return self._ro_plain
@@ -382,12 +311,7 @@ class OrtSession(abc.ABC):
 
     def prefill_capture_pending(self, slot: int, s: int) -> bool:
         """Whether the next prefill of `s` tokens into `slot` may capture a CUDA graph: ONNX Runtime captures in a
-        mode that another thread's CUDA calls break, so the caller keeps the device otherwise idle (edgeocr.slots).
-        The graphs captured here (_replay) are captured in the thread's own mode; the caller keeps it the same."""
-        if self._own_prefill:
-            key = ("prefill", slot, s)
-            return (key not in self._graphs and key not in self._graph_failed
-                    and len(self._graphs) - ("vision" in self._graphs) < PREFILL_GRAPHS)
+        mode that another thread's CUDA calls break, so the caller keeps the device otherwise idle (edgeocr.slots)."""
         key = (slot, s)
         runs = self._pf_graph_runs.get((threading.get_ident(), slot, s), 0)
         return (self.prefill_graph and runs < GRAPH_CAPTURE_RUN
@@ -395,7 +319,7 @@ class OrtSession(abc.ABC):
 
     def vision_capture_pending(self) -> bool:
         """Whether the next vision call may capture its CUDA graph (EDGEOCR_VISION_GRAPH; see the prefill's)."""
-        return self.vision_graph and "vision" not in self._graphs and "vision" not in self._graph_failed
+        return self.vision_graph and self._vision_runs.get(threading.get_ident(), 0) < GRAPH_CAPTURE_RUN
 
     def _alloc(self) -> None:
         """Every buffer the session uses, once.  N = slots, P = prefill_len, D = head_dim, V = vocab."""
@@ -504,25 +428,26 @@ class OrtSession(abc.ABC):
         self.vision.run_with_iobinding(b, self._ro_vision)
 
     def _encode_image_graph(self, pixels, slot: int) -> None:
-        """The vision graph as a CUDA graph (_replay), all on the vision's stream: the page copied into the graph's
-        fixed input buffer, the graph, the embeddings copied from its fixed output into the slot's buffer; one
-        sync at the end (a device page: no host round trip between them)."""
-        cu, dst, st = self._cu, self.vision_pixels, self._vision_stream
+        """The vision graph as a CUDA graph: the page copied into its fixed input buffer, the graph run (captured
+        on its third run, replayed after), the embeddings copied from its fixed output into the slot's buffer."""
+        cu, dst = self.mem.cuda, self.vision_pixels
         if isinstance(pixels, self._ort.OrtValue):
             shape = tuple(pixels.shape())
             if shape != dst.shape or pixels.data_type() != "tensor(float)" or pixels.device_name().lower() != "cuda":
                 raise ValueError(f"pixels must be a float32 CUDA tensor of shape {dst.shape}, not "
                                  f"{pixels.data_type()} {shape} on {pixels.device_name()}")
-            cu.memcpy_async(dst.ptr, pixels.data_ptr(), dst.nbytes, "dtod", st)   # its letterbox has synced
+            cu.memcpy_dtod(dst.ptr, pixels.data_ptr(), dst.nbytes)
         else:
             arr = np.ascontiguousarray(pixels, np.float32)
             if arr.shape != dst.shape:
                 raise ValueError(f"pixels must have shape {dst.shape}, not {arr.shape}")
             self.mem.write(dst, arr)
-            self.mem.sync()             # the page is on the device before the graph (on its own stream) reads it
-        self._replay(self.vision, self.vision_bindings[slot], st, "vision")
-        cu.memcpy_async(self.images[slot].ptr, self.vision_out.ptr, self.vision_out.nbytes, "dtod", st)
-        cu.stream_sync(st)              # in the slot's buffer before its prefill (on the decoder's stream) reads it
+        self.mem.sync()                 # the page is on the device before the graph (on its own stream) reads it
+        me = threading.get_ident()      # ONNX Runtime counts runs and keeps graphs per thread
+        self._vision_runs[me] = self._vision_runs.get(me, 0) + 1
+        self.vision.run_with_iobinding(self.vision_bindings[slot], self._ro_vision)
+        cu.memcpy_dtod(self.images[slot].ptr, self.vision_out.ptr, self.vision_out.nbytes)
+        self.mem.sync()                 # in the slot's buffer before its prefill (on the decoder's stream) reads it
 
     def image_embeds(self, slot: int = 0) -> np.ndarray:
         """The image embeddings waiting in `slot`, [N_img, H] (a copy; diagnostics and tests)."""
@@ -583,11 +508,7 @@ class OrtSession(abc.ABC):
         if self._graph_select:
             self._bind_prefill_select(b, slot)
         self._bind_prefill_flavour(b, s)
-        if self._own_prefill and not beside:
-            self._replay(decoder, b, self._decoder_stream, ("prefill", slot, s))
-            self._cu.stream_sync(self._decoder_stream)
-        else:
-            decoder.run_with_iobinding(b, None if beside else self._prefill_run_options(slot, s))
+        decoder.run_with_iobinding(b, None if beside else self._prefill_run_options(slot, s))
         self._after_prefill(slot, s)
 
     def _prefill_binding(self, decoder, slot: int, beside: bool):
@@ -656,25 +577,10 @@ class OrtSession(abc.ABC):
         its repetition penalty.  Synced by the prefill that follows."""
         if not 0 <= slot < self.slots:
             raise IndexError(f"slot {slot} outside [0, {self.slots})")
-        if (self.device == "cuda" and self.prefill_decoder is None and not prompt_ids.flags.writeable
-                and prompt_ids.base is None):
-            # the model's prompt (read-only, owning its data): its row built and uploaded once, then copied on
-            # the device (the row is the vocabulary's size: ~0.5 MB at the real size); not with prefills beside,
-            # which start selections from another thread
-            if self._seen_prompt is not prompt_ids:
-                if self._seen_row is None:
-                    self._seen_row = self.mem.alloc((self.vocab_size,), np.float32, zero=False)
-                self.mem.write(self._seen_row, self._seen_of(prompt_ids))
-                self._seen_prompt = prompt_ids
-            self.mem.cuda.memcpy_dtod(seen.at(slot), self._seen_row.ptr, self._seen_row.nbytes)
-        else:
-            self.mem.write(seen, self._seen_of(prompt_ids), offset=slot * self.vocab_size)
-        self.mem.write(self.penalty, np.asarray([penalty], np.float32), offset=slot)
-
-    def _seen_of(self, prompt_ids: np.ndarray) -> np.ndarray:
         row = np.zeros((self.vocab_size,), np.float32)
         row[np.asarray(prompt_ids, np.int64)] = 1.0
-        return row
+        self.mem.write(seen, row, offset=slot * self.vocab_size)
+        self.mem.write(self.penalty, np.asarray([penalty], np.float32), offset=slot)
 
     # ------------------------------------------------------------ flavour hooks
     @abc.abstractmethod
