@@ -14,7 +14,7 @@
 #      base:1024:2")
 #   3. device memory after two pages of 256 tokens, one slot (gpu_perf.py memory, the runtime's settings), the
 #      CUDA kernels of a decode step of each form in PROFILE (default int8; gpu_profile.py), and 10 one-token calls
-#      of each form in ADMISSION (default "int8 f16v8") on the GPU's timeline (gpu_profile.py --admission)
+#      of each form in ADMISSION (default: int8 and f16v8, those in FORMS) on the GPU's timeline (gpu_profile.py --admission)
 #   4. scripts/llamacpp_bench.sh on the same checkpoint: decode of 256 and 1,024 tokens at depth 1,093 (F16, Q8_0),
 #      a 1,093-token prompt, two eval pages as two images of one llama-mtmd-cli prompt (the second image's encode
 #      and prefill warm)
@@ -68,7 +68,10 @@ for form in ${PROFILE-int8}; do
 done
 
 # one-token calls of the runtime's path on the GPU's timeline: what the host adds to the first token from pixels
-for form in ${ADMISSION-int8 f16v8}; do
+if [ -z "${ADMISSION+x}" ]; then        # default: the forms of "int8 f16v8" this run built
+  ADMISSION=""; for f in int8 f16v8; do [[ " $FORMS " == *" $f "* ]] && ADMISSION+=" $f"; done
+fi
+for form in $ADMISSION; do
   [ "$(left)" -gt 170 ] || { say "skipped admission_$form (deadline)"; continue; }
   run "admission_$form" 90 $PY scripts/gpu_profile.py "$F-native-$form" --admission 10 --image "$IMG" \
     --label "$form" --json "$R/admission_$form.json"
