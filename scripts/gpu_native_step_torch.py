@@ -171,11 +171,8 @@ def run(args, sz: dict, slots: int, torch, dev) -> dict:
     tc = args.gemv == "tensor-cores" and props is not None and props.major >= 8
     plan = ns.step_plan(dims, slots, sms, state=True, tensor_cores=tc)
     # programmatic dependent launch as the runtime decides it (sm_90 on, EDGEOCR_PDL)
-    if props is not None:
-        from edgeocr.backends import nvrtc
-        pdl = ns.pdl_enabled(nvrtc.device_arch()[0])
-    else:
-        pdl = False
+    from edgeocr.backends import nvrtc
+    pdl = props is not None and ns.pdl_enabled(nvrtc.device_arch()[0])
     res = {"slots": slots, "weights": args.weights, "depth": depth, "kernels_per_step": len(plan),
            "gemv": "tensor-cores" if tc else "cuda-cores", "pdl": pdl, "build_s": round(build_s, 1)}
     if dev.type == "cuda":

@@ -118,8 +118,8 @@ GAP_US = 20.0          # idle gaps on the GPU's timeline worth naming (--admissi
 def _admission(call: dict, kernels: list, api: list, top: int = 6) -> dict:
     """One call's GPU timeline: kernels/copies [(start us, end us, name)] sorted by start, from the letterbox's
     last kernel on (the call's from-pixels part); api: the host's CUDA calls [(start us, end us, name)]."""
-    busy, span_end, gaps = 0.0, None, []
-    for (s0, e0, n0), (s1, e1, n1) in zip(kernels, kernels[1:]):
+    span_end, gaps = None, []
+    for (_, e0, n0), (s1, _, n1) in zip(kernels, kernels[1:]):
         span_end = e0 if span_end is None else max(span_end, e0)
         if s1 - span_end > GAP_US:
             during = Counter(n for a0, a1, n in api if a1 > span_end and a0 < s1)
@@ -165,19 +165,18 @@ def profile_admission(artifact: str, calls: int, image=None) -> list[dict]:
                   if e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith(("cuda", "cu"))),
                  key=lambda k: k[0])
     # calls are told apart by the GPU's idle time between them (each ends with a synchronize and host work)
-    groups, cur = [], []
+    groups, end = [], None
     for k in cuda:
-        if cur and k[0] - max(e for _, e, _ in cur) > 2000.0:     # 2 ms of nothing: the next call
-            groups.append(cur)
-            cur = []
-        cur.append(k)
-    if cur:
-        groups.append(cur)
+        if end is None or k[0] - end > 2000.0:                   # 2 ms of nothing: the next call
+            groups.append([])
+            end = k[1]
+        groups[-1].append(k)
+        end = max(end, k[1])
     if len(groups) != calls:
         raise SystemExit(f"--admission: found {len(groups)} bursts of GPU work for {calls} calls; cannot attribute")
     out = []
     for t, g in zip(marks, groups):
-        lb = [i for i, k in enumerate(g) if "letterbox" in k[2].lower() or "resample" in k[2].lower()]
+        lb = [i for i, k in enumerate(g) if "letterbox" in k[2]]   # letterbox_pass, letterbox_canvas
         start = lb[-1] + 1 if lb else 0              # after the letterbox: the part from pixels
         call = {"from_pixels_ms": t["first_token"] - t.get("letterbox", 0.0), "vision_ms": t["vision"],
                 "prefill_ms": t["prefill"], "letterbox_ms": t.get("letterbox", 0.0)}

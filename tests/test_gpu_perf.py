@@ -11,12 +11,17 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _gpu_perf():
-    spec = importlib.util.spec_from_file_location("gpu_perf", ROOT / "scripts" / "gpu_perf.py")
+def _script(name: str):
+    """scripts/NAME.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_perf"] = mod
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def _gpu_perf():
+    return _script("gpu_perf")
 
 
 def test_gqa_probe_reads_the_attention_output():
@@ -46,13 +51,6 @@ def test_tuned_memory_keeps_the_cuda_graph_arena():
     assert tuned(graph, "runtime", "cuda")[:2] == (False, False) and tuned(graph, "tuned", "cpu")[:2] == (False, False)
 
 
-def _gpu_profile():
-    spec = importlib.util.spec_from_file_location("gpu_profile", ROOT / "scripts" / "gpu_profile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_admission_timeline_names_the_gaps_and_the_host_calls_in_them():
     """`gpu_profile.py --admission`: busy time is the union of overlapping kernels (two streams), idle is the span
     less that, and a gap over GAP_US names the kernels around it and the host's CUDA calls made during it."""
@@ -62,7 +60,7 @@ def test_admission_timeline_names_the_gaps_and_the_host_calls_in_them():
           (305.0, 400.0, "prefill")]                               # 5 us: under GAP_US, not named
     api = [(150.0, 210.0, "cudaStreamSynchronize"), (215.0, 230.0, "cudaMemcpy"), (232.0, 240.0, "cudaMemcpy"),
            (500.0, 510.0, "cudaGraphLaunch")]                       # outside every gap
-    r = _gpu_profile()._admission({"from_pixels_ms": 0.5}, ks, api)
+    r = _script("gpu_profile")._admission({"from_pixels_ms": 0.5}, ks, api)
     assert r["gpu_span_ms"] == 0.4 and r["kernels"] == 5
     assert abs(r["gpu_busy_ms"] - 0.335) < 1e-9 and abs(r["gpu_idle_ms"] - 0.065) < 1e-9
     assert r["gaps"] == [{"us": 60.0, "after": "vision_c", "before": "Memcpy DtoD",

@@ -71,8 +71,8 @@ def test_grown_demo_model_gives_the_same_logits_and_tokens(grown_demo):
     out, _ = grown_demo
     runs = {}
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)       # bit for bit: one thread's reduction order (threads contended by other work may
-    try:                           # split a reduction otherwise; seen once under a loaded CI machine)
+    torch.set_num_threads(1)       # bit for bit: one thread's reduction order (with several threads, cores taken
+    try:                           # by other work may change how a reduction is split)
         for ckpt in (DEMO, out):
             runs[ckpt] = _greedy_with_logits(ckpt)
     finally:
