@@ -20,15 +20,12 @@ def _script(name: str):
     return mod
 
 
-def _gpu_perf():
-    return _script("gpu_perf")
-
 
 def test_gqa_probe_reads_the_attention_output():
     """The probe binds three outputs; it compares the attention output (not the first cache it bound, which
     failed with `cannot reshape array of size 8192 into shape (6,4,64)`) with its numpy reference.  The CPU
     provider has no Q/K-norm prologue, so this runs the probe without the norm inputs."""
-    r = _gpu_perf().probe_gqa_qk_norm(["CPUExecutionProvider"], "cpu", qk_norm=False)
+    r = _script("gpu_perf").probe_gqa_qk_norm(["CPUExecutionProvider"], "cpu", qk_norm=False)
     assert r["ok"] and r["max_err"] < 3e-2 and r["cache_err"] == 0.0, r
 
 
@@ -42,7 +39,7 @@ def test_probe_has_no_swiglu():
 def test_tuned_memory_keeps_the_cuda_graph_arena():
     """`memory --config tuned`: with a decoder that replays a CUDA graph the arena is not shared with the vision
     session whose calls shrink it (the captured step's buffers would be freed under it)."""
-    tuned = _gpu_perf().tuned_arena
+    tuned = _script("gpu_perf").tuned_arena
     graph = SimpleNamespace(decoder=SimpleNamespace(attention="gqa", select_on_device=True))
     plain = SimpleNamespace(decoder=SimpleNamespace(attention="masked", select_on_device=False))
     share, shrink, _ = tuned(graph, "tuned", "cuda")
