@@ -20,7 +20,6 @@ def _script(name: str):
     return mod
 
 
-
 def test_gqa_probe_reads_the_attention_output():
     """The probe binds three outputs; it compares the attention output (not the first cache it bound, which
     failed with `cannot reshape array of size 8192 into shape (6,4,64)`) with its numpy reference.  The CPU
