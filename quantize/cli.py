@@ -9,7 +9,7 @@
     python -m quantize step-state ARTIFACT OUT     (gqa + in-graph selection: the decode step keeps its state on
                                                     the device, no host-to-device copy per step)
     python -m quantize native-step ARTIFACT OUT [--weights float|int8] [--vision float|int8] [--embedding float|int8]
-                                         [--no-vision-gemms]
+                                         [--no-vision-gemms] [--vision-qkv three|packed]
                                                    (FP16 gqa + in-graph selection: the decoder's weights for the
                                                     runtime's own CUDA decode step, shared with the graph)
     python -m quantize reslot ARTIFACT OUT --slots N     (same graphs, another slot count; ONNX Runtime)
@@ -187,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="with 8-bit vision weights: keep the fused vision graph's q|k|v Split and patch Conv (by "
                          "default they become MatMuls before quantization, as `fuse --vision-gemms` does: faster "
                          "vision at no memory cost with 8-bit weights, docs/perf.md section 18)")
+    ns.add_argument("--vision-qkv", choices=["three", "packed"], default=None,
+                    help="with the vision GEMM passes: q, k and v as one MatMul into MultiHeadAttention's packed "
+                         "q|k|v input (one GEMM and one bias-and-layout kernel a layer instead of three; CUDA only: "
+                         "the default for an artifact fused with --target cuda) or as three MatMuls (the default "
+                         "otherwise)")
     ns.add_argument("--embedding", choices=["float", "int8"], default=None,
                     help="int8 (the default with --weights int8): the embedding (the tied lm_head; an untied lm_head "
                          "too) as 8-bit blocks of 32, read by the prefill through GatherBlockQuantized and "
@@ -282,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             from quantize.native_step import native_step_artifact
             _print_sizes(native_step_artifact(args.artifact, args.out, progress=_progress, weights=args.weights,
                                               vision=args.vision, embedding=args.embedding,
-                                              vision_gemms=False if args.no_vision_gemms else None), args.out)
+                                              vision_gemms=False if args.no_vision_gemms else None,
+                                              vision_qkv=args.vision_qkv), args.out)
         elif args.cmd == "grow":
             _grow(args)
         elif args.cmd == "average":

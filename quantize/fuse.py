@@ -21,7 +21,9 @@ target "portable" (ops every ONNX Runtime execution provider implements, CPU inc
                    [cos|sin'] table built once per run for every layer
   gate_up          gate|up MatMul + two Slices -> two MatMuls over the weight's halves (no slice kernels)
   attention_qkv    vision, opt-in (--vision-gemms): q|k|v MatMul + Split -> three MatMuls feeding
-                   MultiHeadAttention (no Split kernel)
+                   MultiHeadAttention (no Split kernel); or, where `quantize native-step` asks for "packed" (its
+                   default for a CUDA fusion), one MatMul whose columns are in [head, q|k|v, dim] order feeding
+                   MultiHeadAttention's packed q|k|v input (CUDA only; pack_attention_qkv)
   patch_gemm       vision, opt-in (--vision-gemms): the patch embedding's Conv (stride = kernel) -> patch rows
                    @ W + bias (one GEMM)
 target "cuda" adds ops that only ONNX Runtime's CUDA execution provider implements (the CPU provider
@@ -460,15 +462,67 @@ def unpack_attention_qkv(om) -> int:
     return n
 
 
-def _vision_gemm_passes(om) -> dict[str, int]:
-    return {"attention_qkv": unpack_attention_qkv(om), "patch_gemm": patch_conv_as_matmul(om)}
+def pack_attention_qkv(om) -> int:
+    """MatMul(x, W[C, 3C]) -> Split(q, k, v) -> MultiHeadAttention(q, k, v[, bias]) becomes one MatMul over W's
+    columns reordered from [q|k|v, head, dim] to [head, q|k|v, dim] -> Reshape [B, S, heads, 3, dim] ->
+    MultiHeadAttention(packed q|k|v[, bias]): its packed-QKV input, so that one kernel bias-adds and lays out q, k and
+    v (three with `unpack_attention_qkv`) and one GEMM (one dequantization with 8-bit weights) computes them.  The
+    bias keeps its [q|k|v] order (the op's layout for it in both forms)."""
+    from onnx import helper
+
+    out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
+    n = 0
+    for mha in list(om.get_nodes_by_op_type("MultiHeadAttention")):
+        if len(mha.input) < 3 or not all(mha.input[:3]):
+            continue
+        heads = _attr(mha, "num_heads")
+        split = _parent(out2node, mha.input[0], "Split")
+        if heads is None or split is None or list(split.output) != list(mha.input[:3]) \
+                or _attr(split, "axis", 0) not in (-1, 2):
+            continue
+        mm = _parent(out2node, split.input[0], "MatMul")
+        w = None if mm is None else _const(om, mm.input[1])
+        if w is None or w.ndim != 2 or len(in2nodes.get(mm.output[0], [])) != 1 or w.shape[1] % (3 * heads):
+            continue
+        if len(split.input) > 1 and split.input[1]:
+            sizes = _const(om, split.input[1])
+            if sizes is None:
+                continue
+        else:
+            sizes = _attr(split, "split")
+        c = w.shape[1] // 3
+        if sizes is not None and [int(x) for x in np.asarray(sizes).reshape(-1)] != [c] * 3:
+            continue
+        d = c // heads
+        perm = np.arange(3 * c).reshape(3, heads, d).transpose(1, 0, 2).reshape(-1)
+        tag = mm.name or mha.name
+        wp = _init(om, np.ascontiguousarray(w[:, perm]), f"{mm.input[1]}_packed_heads")
+        shape = _init(om, np.array([0, 0, heads, 3, d], np.int64), f"{tag}_packed_qkv_shape")
+        om.remove_nodes([mm, split])
+        om.add_nodes([helper.make_node("MatMul", [mm.input[0], wp], [tag + "_qkv"], name=tag + "_qkv"),
+                      helper.make_node("Reshape", [tag + "_qkv", shape], [tag + "_packed"], name=tag + "_packed")])
+        mha.input[0], mha.input[1], mha.input[2] = tag + "_packed", "", ""
+        n += 1
+        out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
+    return n
 
 
-def vision_gemms(model) -> dict[str, int]:
-    """The vision GEMM passes (`--vision-gemms`) on a fused vision ModelProto, in place; {pass: rewrites}."""
+VISION_QKV = ("three", "packed")     # how the vision GEMM passes hand q, k and v to MultiHeadAttention
+
+
+def _vision_gemm_passes(om, qkv: str = "three") -> dict[str, int]:
+    if qkv not in VISION_QKV:
+        raise ValueError(f"vision q|k|v layout must be one of {VISION_QKV}, not {qkv!r}")
+    qkv_pass = unpack_attention_qkv if qkv == "three" else pack_attention_qkv
+    return {"attention_qkv": qkv_pass(om), "patch_gemm": patch_conv_as_matmul(om)}
+
+
+def vision_gemms(model, qkv: str = "three") -> dict[str, int]:
+    """The vision GEMM passes (`--vision-gemms`) on a fused vision ModelProto, in place; {pass: rewrites}.  qkv:
+    "three" (q, k and v as three MatMuls) or "packed" (one MatMul into MultiHeadAttention's packed input)."""
     constants_to_initializers(model)
     om = _onnx_model(model)
-    done = _vision_gemm_passes(om)
+    done = _vision_gemm_passes(om, qkv)
     _finish(om)
     return done
 
@@ -775,7 +829,9 @@ def fuse_rope(om) -> int:
 
 def portable_equivalent(model):
     """The cuda-only ops of a fused graph rewritten with portable ones, in place: packed GroupQueryAttention with
-    Q/K-norm weights -> Split, per-head SimplifiedLayerNormalization, GroupQueryAttention(q, k, v).  Follows the ops' documented semantics; returns the number rewritten."""
+    Q/K-norm weights -> Split, per-head SimplifiedLayerNormalization, GroupQueryAttention(q, k, v); MultiHeadAttention
+    with packed q|k|v [B, S, N, 3, H] -> Split, Reshape, MultiHeadAttention(q, k, v).  Follows the ops' documented
+    semantics; returns the number rewritten."""
     from onnx import helper
 
     om = _onnx_model(model)
@@ -806,6 +862,18 @@ def portable_equivalent(model):
                  helper.make_node("GroupQueryAttention", [t + "_q3", t + "_k3", t + "_v", *ins[3:7]], list(gqa.output),
                                   name=gqa.name, domain=MS, **attrs)]
         om.remove_node(gqa)
+        om.add_nodes(nodes)
+        n += 1
+    for mha in list(om.get_nodes_by_op_type("MultiHeadAttention")):     # packed q|k|v (pack_attention_qkv)
+        ins = list(mha.input) + [""] * (3 - len(mha.input))
+        if ins[1] or ins[2]:
+            continue
+        t = mha.name + "_portable"
+        ones = _init(om, np.array([1, 1, 1], np.int64), f"{t}_qkv_sizes")
+        flat = _init(om, np.array([0, 0, -1], np.int64), f"{t}_flat_shape")
+        nodes = [helper.make_node("Split", [ins[0], ones], [t + "_q5", t + "_k5", t + "_v5"], axis=3)]
+        nodes += [helper.make_node("Reshape", [t + f"_{x}5", flat], [t + f"_{x}"]) for x in "qkv"]
+        mha.input[0], mha.input[1], mha.input[2] = t + "_q", t + "_k", t + "_v"
         om.add_nodes(nodes)
         n += 1
     om.topological_sort()

@@ -349,7 +349,7 @@ def write_weights(path: Path, tensors: dict[str, np.ndarray]) -> dict[str, dict]
     return index
 
 
-def _vision_gemms(vg, m: af.Artifact, wanted: bool | None) -> dict:
+def _vision_gemms(vg, m: af.Artifact, wanted: bool | None, qkv: str = "three") -> dict:
     """The vision GEMM passes on the vision ModelProto `vg` in place, where `wanted` (None: `m` is fused and its
     fusion did not apply them); {pass: rewrites} or {"skipped": why}."""
     fusion = m.export.get("fusion") or {}
@@ -362,12 +362,26 @@ def _vision_gemms(vg, m: af.Artifact, wanted: bool | None) -> dict:
     if not wanted:
         return {"skipped": "not asked"}
     from quantize.fuse import vision_gemms
-    return vision_gemms(vg)
+    return vision_gemms(vg, qkv)
+
+
+PACKED_QKV_OP = "MultiHeadAttention packed q|k|v (vision)"
+
+
+def _export_with(export: dict, report: dict, vision_qkv: str) -> dict:
+    """The manifest's export record with the native-step report, and the packed vision attention among the fusion's
+    CUDA-only ops where it was written (the runtime refuses other devices with a clear error)."""
+    out = dict(export, native_step=report)
+    if vision_qkv == "packed" and (report["vision"].get("gemm_passes") or {}).get("attention_qkv"):
+        fusion = dict(export.get("fusion") or {})
+        fusion["cuda_only_ops"] = [*fusion.get("cuda_only_ops", []), PACKED_QKV_OP]
+        out["fusion"] = fusion
+    return out
 
 
 def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "float",
                          vision: str | None = None, embedding: str | None = None,
-                         vision_gemms: bool | None = None) -> af.Artifact:
+                         vision_gemms: bool | None = None, vision_qkv: str | None = None) -> af.Artifact:
     """ARTIFACT -> OUT with the decoder's weights in decoder_step.bin and read by the graph as inputs (module
     doc).  weights "int8": the layers' projections as 8-bit blocks (MatMulNBits' layout, read by the native step's
     8-bit kernels and by the graph); the norms stay in the artifact's precision.
@@ -379,7 +393,10 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
     GEMM passes of `quantize fuse --vision-gemms` (q, k, v as three MatMuls, the patch Conv as one MatMul) before the
     vision weights are quantized.  With 8-bit weights they cost no device memory: on an H100 (real size, 2026-12-06,
     docs/perf.md section 18) 2,342.8 MiB after two pages against 2,366.8 without them, vision 15.1 against 16.3 ms;
-    with FP16 weights they take 88 MiB more, past that flavour's 3,072 MiB target, hence opt-in there (fuse)."""
+    with FP16 weights they take 88 MiB more, past that flavour's 3,072 MiB target, hence opt-in there (fuse).
+    vision_qkv (None: "packed" for an ARTIFACT fused for CUDA, else "three"): how those passes hand q, k and v to
+    MultiHeadAttention, as three MatMuls or as one MatMul into its packed q|k|v input (CUDA only; on an H100 135
+    kernels fewer, the vision 0.1-0.2 ms shorter, the same embeddings: docs/perf.md section 24)."""
     if weights not in ("float", "int8"):
         raise ValueError(f"weights must be 'float' or 'int8', not {weights!r}")
     embedding = embedding or weights
@@ -398,6 +415,17 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
     t0 = time.perf_counter()
     src, out = Path(src), Path(out)
     m = af.read(src)
+    from quantize.fuse import VISION_QKV
+    fused_for = (m.export.get("fusion") or {}).get("target")
+    if vision_qkv is not None and vision != "int8":
+        raise ValueError("the vision q|k|v layout belongs to the GEMM passes of 8-bit vision weights (--vision int8)")
+    if vision_qkv is None:
+        vision_qkv = "packed" if fused_for == "cuda" else "three"
+    if vision_qkv not in VISION_QKV:
+        raise ValueError(f"vision q|k|v layout must be one of {VISION_QKV}, not {vision_qkv!r}")
+    if vision_qkv == "packed" and fused_for != "cuda":
+        raise ValueError(f"{src}: --vision-qkv packed feeds MultiHeadAttention's packed q|k|v input, which only ONNX "
+                         "Runtime's CUDA provider implements: it needs an artifact fused with --target cuda")
     if m.decoder.attention != "gqa" or not m.decoder.select_on_device:
         raise ValueError(f"{src}: the native decode step needs a decoder exported with --attention gqa "
                          "--select-on-device")
@@ -446,9 +474,10 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
     if vision == "int8":
         from quantize.weight_int8 import kept_matmuls, quantize_matmuls
         vg = load_graph(src / m.vision.file)
-        gemms = _vision_gemms(vg, m, vision_gemms)
+        gemms = _vision_gemms(vg, m, vision_gemms, vision_qkv)
         if "skipped" not in gemms:
-            say(f"vision: q|k|v as three MatMuls in {gemms['attention_qkv']} layers, the patch Conv as a MatMul "
+            say(f"vision: q|k|v as {'three MatMuls' if vision_qkv == 'three' else 'one packed MatMul'} in "
+                f"{gemms['attention_qkv']} layers, the patch Conv as a MatMul "
                 f"({gemms['patch_gemm']})" + ("" if any(gemms.values()) else ": no pattern matched, the vision "
                                               "graph is as fused"))
         qv, qdone, eligible = quantize_matmuls(vg, BLOCK, kept_matmuls(vg), 8, None)
@@ -458,7 +487,8 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
         save_graph(qv, out / m.vision.file)
         written |= {m.vision.file, m.vision.file + ".data"}
         vision_report = {"weights": "int8", "op": "com.microsoft.MatMulNBits", "bits": 8, "block_size": BLOCK,
-                         "matmuls_quantized": qdone, "matmuls_total": eligible, "gemm_passes": gemms}
+                         "matmuls_quantized": qdone, "matmuls_total": eligible, "gemm_passes": gemms,
+                         "qkv": None if "skipped" in gemms else vision_qkv}
         say(f"vision: {qdone} of {eligible} MatMul weights stored as 8-bit blocks of {BLOCK}")
     copy_unwritten(src, out, m.files, written)
     version = NATIVE_STEP_VERSION[embedding]
@@ -469,7 +499,7 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
               "vision": vision_report, "seconds": round(time.perf_counter() - t0, 1)}
     new = m.derive(decoder=replace(m.decoder, native_step=spec, **_io(out / m.decoder.file)),
                    vision=replace(m.vision, **_io(out / m.vision.file)),
-                   files=_file_table(out), export=dict(m.export, native_step=report),
+                   files=_file_table(out), export=_export_with(m.export, report, vision_qkv),
                    source=dict(m.source, base_artifact=str(src.resolve())))
     af.write(out, new)
     say(f"wrote {out}: {len(tensors)} decoder weights in {WEIGHTS_FILE}, read by the graph as "

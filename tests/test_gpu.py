@@ -284,6 +284,45 @@ def test_demo_native_step_on_cuda(tmp_path, monkeypatch, weights, vision):
     assert len(parted) <= 1 and all(v["fp32_below_best"] <= near_tie for v in parted.values()), parted
 
 
+def test_demo_packed_vision_qkv_on_cuda(tmp_path, monkeypatch):
+    """The demo model's fast FP16 export fused for CUDA, made into the 8-bit native-step artifact: its vision graph
+    feeds MultiHeadAttention's packed q|k|v input (the default for a CUDA fusion) and gives, on ONNX Runtime's CUDA
+    provider, the embeddings of the same artifact built with three q, k, v MatMuls (`--vision-qkv three`), and the
+    same tokens on 3 eval pages through the native step (the vision replayed as a CUDA graph)."""
+    from pathlib import Path
+
+    import onnxruntime as ort
+
+    from edgeocr.artifact import read
+    from edgeocr.dataset import load_dir
+    from edgeocr.prepare import open_preparer
+    from quantize.fuse import FuseOptions, fuse_artifact
+    from quantize.native_step import native_step_artifact
+    pages = [p.path for p in load_dir(Path(__file__).resolve().parents[1] / "calibration_data" / "eval")[:3]]
+    art = _demo_export(tmp_path, "fast16", precision="fp16", attention="gqa", select_on_device=True)
+    fuse_artifact(art, tmp_path / "fused", FuseOptions(target="cuda"))
+    arts = {q: native_step_artifact(tmp_path / "fused", tmp_path / q, weights="int8", vision_qkv=None if q == "packed"
+                                    else q) for q in ("packed", "three")}
+    assert [arts[q].export["native_step"]["vision"]["qkv"] for q in ("packed", "three")] == ["packed", "three"]
+    exact = open_preparer("exact", OCRModel(tmp_path / "packed", device="cuda").image_spec)
+    x = np.asarray(exact(pages[0]).pixels, np.float32)
+    emb = {}
+    for q in arts:
+        s = ort.InferenceSession(str(tmp_path / q / read(tmp_path / q).vision.file),
+                                 providers=["CUDAExecutionProvider"])
+        emb[q] = s.run(None, {"pixels": x})[0].astype(np.float32)
+    assert np.abs(emb["packed"] - emb["three"]).max() <= 1e-3 * max(1.0, float(np.abs(emb["three"]).max()))
+    monkeypatch.setenv("EDGEOCR_NATIVE_STEP", "1")
+    o = DecodeOptions(max_new_tokens=120)
+    toks = {}
+    for q in arts:
+        m = OCRModel(tmp_path / q, device="cuda")
+        assert m.session.engine == "native-cuda" and m.session.vision_graph
+        toks[q] = [m.recognize(p, task="structured_parse", options=o).token_ids for p in pages]
+        del m
+    assert toks["packed"] == toks["three"] and min(len(t) for t in toks["packed"]) > 10
+
+
 @pytest.mark.parametrize("weights", ["float", "int8"])
 def test_native_step_at_real_size_against_the_graphs_computation(tmp_path, weights):
     """scripts/gpu_native_step_torch.py on the GPU: the real decoder's sizes on random FP16 weights, 1 and 8

@@ -847,3 +847,59 @@ def test_int8_vision_weights_take_the_vision_gemm_passes_of_a_fused_artifact(art
     assert sorted(n.op_type for n in ga.node) == sorted(n.op_type for n in gb.node)
     wa, wb = ({t.name: onnx.numpy_helper.to_array(t) for t in g.initializer} for g in (ga, gb))
     assert wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wa)
+
+
+def test_int8_vision_packed_qkv_gives_the_three_projection_embeddings(arts, tmp_path):
+    """q, k and v as one MatMul whose columns are reordered to [head, q|k|v, dim], read by MultiHeadAttention as its
+    packed q|k|v input (the default for an artifact fused for CUDA; --vision-qkv packed) instead of three MatMuls:
+    per-column 8-bit blocks quantize the same columns, so the embeddings are the three-projection graph's.  The
+    packed input is CUDA-only: the manifest says so (the runtime refuses the CPU), a portable fusion keeps three
+    MatMuls and refuses packed."""
+    import collections
+
+    import onnx
+    import onnxruntime as ort
+
+    from edgeocr.doctor import load_problem
+    from quantize.cli import main
+    from quantize.fuse import FuseOptions, fuse_artifact, portable_equivalent
+    from quantize.native_step import PACKED_QKV_OP, native_step_artifact
+
+    def graph(d):
+        return onnx.load(str(d / read(d).vision.file), load_external_data=False).graph
+
+    def embeds(d):       # the packed input is CUDA-only: on the CPU through fuse.portable_equivalent
+        model = onnx.load(str(d / read(d).vision.file))
+        portable_equivalent(model)
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return sess.run(None, {"pixels": pixels})[0]
+
+    fuse_artifact(arts["b"], tmp_path / "cuda", FuseOptions(target="cuda"))
+    packed = native_step_artifact(tmp_path / "cuda", tmp_path / "packed", vision="int8")
+    assert main(["native-step", str(tmp_path / "cuda"), str(tmp_path / "three"), "--vision", "int8",
+                 "--vision-qkv", "three"]) == 0
+    three = read(tmp_path / "three")
+    layers = read(arts["b"]).model["vision"]["num_layers"]
+    for m, layout in ((packed, "packed"), (three, "three")):
+        v = m.export["native_step"]["vision"]
+        assert v["gemm_passes"] == {"attention_qkv": layers, "patch_gemm": 1} and v["qkv"] == layout
+    assert PACKED_QKV_OP in packed.export["fusion"]["cuda_only_ops"]
+    assert PACKED_QKV_OP not in three.export["fusion"]["cuda_only_ops"]
+    assert load_problem(packed, "cpu") is not None
+    ops3 = collections.Counter(n.op_type for n in graph(tmp_path / "three").node)
+    opsp = collections.Counter(n.op_type for n in graph(tmp_path / "packed").node)
+    assert opsp["MatMulNBits"] == ops3["MatMulNBits"] - 2 * layers and opsp["Split"] == 0
+    mhas = [n for n in graph(tmp_path / "packed").node if n.op_type == "MultiHeadAttention"]
+    assert len(mhas) == layers and all(list(n.input[1:3]) == ["", ""] and n.input[3] for n in mhas)
+    pixels = np.random.default_rng(5).standard_normal((1, 3, 1024, 1024)).astype(np.float32)
+    a, b = embeds(tmp_path / "three"), embeds(tmp_path / "packed")
+    assert np.abs(a - b).max() < 1e-4 * max(1.0, float(np.abs(a).max()))
+    # a portable fusion keeps three MatMuls, and refuses packed; the layout needs 8-bit vision weights
+    assert native_step_artifact(arts["b-fused"], tmp_path / "p3", vision="int8").export["native_step"]["vision"][
+        "qkv"] == "three"
+    with pytest.raises(ValueError, match="--target cuda"):
+        native_step_artifact(arts["b-fused"], tmp_path / "bad", vision="int8", vision_qkv="packed")
+    with pytest.raises(ValueError, match="q.k.v layout must be one of"):
+        native_step_artifact(tmp_path / "cuda", tmp_path / "bad2", vision="int8", vision_qkv="interleaved")
+    with pytest.raises(ValueError, match="8-bit vision weights"):
+        native_step_artifact(tmp_path / "cuda", tmp_path / "bad3", vision="float", vision_qkv="three")
