@@ -119,7 +119,8 @@ def doctor(artifact: str | None, remote: str | None, verify: bool = False) -> in
         jpeg = jpeg_decoder()
         _line(True if jpeg == "simplejpeg" else None, "jpeg decoder",
               "simplejpeg (the device path: Pillow's pixels, one copy fewer)" if jpeg == "simplejpeg" else
-              "Pillow (simplejpeg, in the [cuda] extra, decodes the device path's JPEGs about 2 ms faster a page)")
+              "Pillow (simplejpeg, in the [cuda] extra, takes 1-6 ms off the first token from a JPEG file: "
+              "docs/perf.md sections 18 and 24)")
     except BackendError as e:
         failures += 1
         _line(False, "jpeg decoder", str(e))

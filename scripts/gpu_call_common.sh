@@ -21,3 +21,6 @@ run() { local name=$1 limit=$2; shift 2; say "-- $name"; timeout -k 5 "$limit" "
 finish() { say "done"; tar czf "$OUT/results.tar.gz" -C "$R" .; }
 trap finish EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$R/run.log"
+# the device path's JPEG decoder: without simplejpeg (the [cuda] extra's; stage its wheel beside onnxruntime-gpu) the
+# runtime falls back to Pillow and a first token from the file costs 4-6 ms more (docs/perf.md section 24)
+$PY -c "from edgeocr.preprocess import jpeg_decoder as j; print('jpeg decoder:', j())" 2>&1 | tail -1 | tee -a "$R/run.log"
