@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     ns.add_argument("--vision-qkv", choices=["three", "packed"], default=None,
                     help="with the vision GEMM passes: q, k and v as one MatMul into MultiHeadAttention's packed "
                          "q|k|v input (one GEMM and one bias-and-layout kernel a layer instead of three; CUDA only: "
-                         "the default for an artifact fused with --target cuda) or as three MatMuls (the default "
-                         "otherwise)")
+                         "the default for an artifact fused with --target cuda and its GroupQueryAttention norms) "
+                         "or as three MatMuls (the default otherwise)")
     ns.add_argument("--embedding", choices=["float", "int8"], default=None,
                     help="int8 (the default with --weights int8): the embedding (the tied lm_head; an untied lm_head "
                          "too) as 8-bit blocks of 32, read by the prefill through GatherBlockQuantized and "

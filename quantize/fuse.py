@@ -21,9 +21,7 @@ target "portable" (ops every ONNX Runtime execution provider implements, CPU inc
                    [cos|sin'] table built once per run for every layer
   gate_up          gate|up MatMul + two Slices -> two MatMuls over the weight's halves (no slice kernels)
   attention_qkv    vision, opt-in (--vision-gemms): q|k|v MatMul + Split -> three MatMuls feeding
-                   MultiHeadAttention (no Split kernel); or, where `quantize native-step` asks for "packed" (its
-                   default for a CUDA fusion), one MatMul whose columns are in [head, q|k|v, dim] order feeding
-                   MultiHeadAttention's packed q|k|v input (CUDA only; pack_attention_qkv)
+                   MultiHeadAttention (no Split kernel)
   patch_gemm       vision, opt-in (--vision-gemms): the patch embedding's Conv (stride = kernel) -> patch rows
                    @ W + bias (one GEMM)
 target "cuda" adds ops that only ONNX Runtime's CUDA execution provider implements (the CPU provider
@@ -31,6 +29,9 @@ rejects them at load):
   gqa_qk_norm      q|k|v stays one packed tensor (no Split): RoPE runs over all heads with cos/sin tables that
                    leave the value heads unchanged, and the Q/K RMSNorm runs inside GroupQueryAttention
                    (its q_norm_weight / k_norm_weight prologue, applied after our RoPE as the model requires)
+  packed q|k|v     vision, where `quantize native-step` asks for it (--vision-qkv packed, its default for a CUDA
+                   fusion with gqa_qk_norm): the attention_qkv pass writes one MatMul whose columns are in
+                   [head, q|k|v, dim] order, feeding MultiHeadAttention's packed q|k|v input (pack_attention_qkv)
 `portable_equivalent` rewrites the cuda-only ops back into portable ones (the reference the tests check
 the cuda target against, and a way to run a cuda-fused graph on a CPU).
 """
@@ -471,6 +472,7 @@ def pack_attention_qkv(om) -> int:
     from onnx import helper
 
     out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
+    outputs = {o.name for o in om.model.graph.output}
     n = 0
     for mha in list(om.get_nodes_by_op_type("MultiHeadAttention")):
         if len(mha.input) < 3 or not all(mha.input[:3]):
@@ -480,6 +482,10 @@ def pack_attention_qkv(om) -> int:
         if heads is None or split is None or list(split.output) != list(mha.input[:3]) \
                 or _attr(split, "axis", 0) not in (-1, 2):
             continue
+        if len(mha.output) > 1 or any(len(mha.input) > i and mha.input[i] for i in (6, 7)):
+            continue                        # past / present key and value: the packed input takes none
+        if any(len(in2nodes.get(o, [])) != 1 or o in outputs for o in split.output):
+            continue                        # q, k or v read elsewhere too
         mm = _parent(out2node, split.input[0], "MatMul")
         w = None if mm is None else _const(om, mm.input[1])
         if w is None or w.ndim != 2 or len(in2nodes.get(mm.output[0], [])) != 1 or w.shape[1] % (3 * heads):
@@ -501,7 +507,9 @@ def pack_attention_qkv(om) -> int:
         om.remove_nodes([mm, split])
         om.add_nodes([helper.make_node("MatMul", [mm.input[0], wp], [tag + "_qkv"], name=tag + "_qkv"),
                       helper.make_node("Reshape", [tag + "_qkv", shape], [tag + "_packed"], name=tag + "_packed")])
-        mha.input[0], mha.input[1], mha.input[2] = tag + "_packed", "", ""
+        rest = list(mha.input[3:])
+        del mha.input[:]
+        mha.input.extend([tag + "_packed", "", "", *rest])
         n += 1
         out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
     return n
@@ -866,14 +874,15 @@ def portable_equivalent(model):
         n += 1
     for mha in list(om.get_nodes_by_op_type("MultiHeadAttention")):     # packed q|k|v (pack_attention_qkv)
         ins = list(mha.input) + [""] * (3 - len(mha.input))
-        if ins[1] or ins[2]:
+        if ins[1] or ins[2]:          # key and value absent: the query is packed q|k|v [B, S, N, 3, H]
             continue
         t = mha.name + "_portable"
         ones = _init(om, np.array([1, 1, 1], np.int64), f"{t}_qkv_sizes")
         flat = _init(om, np.array([0, 0, -1], np.int64), f"{t}_flat_shape")
         nodes = [helper.make_node("Split", [ins[0], ones], [t + "_q5", t + "_k5", t + "_v5"], axis=3)]
         nodes += [helper.make_node("Reshape", [t + f"_{x}5", flat], [t + f"_{x}"]) for x in "qkv"]
-        mha.input[0], mha.input[1], mha.input[2] = t + "_q", t + "_k", t + "_v"
+        del mha.input[:]
+        mha.input.extend([t + "_q", t + "_k", t + "_v", *ins[3:]])
         om.add_nodes(nodes)
         n += 1
     om.topological_sort()

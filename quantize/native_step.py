@@ -349,18 +349,25 @@ def write_weights(path: Path, tensors: dict[str, np.ndarray]) -> dict[str, dict]
     return index
 
 
-def _vision_gemms(vg, m: af.Artifact, wanted: bool | None, qkv: str = "three") -> dict:
-    """The vision GEMM passes on the vision ModelProto `vg` in place, where `wanted` (None: `m` is fused and its
-    fusion did not apply them); {pass: rewrites} or {"skipped": why}."""
+def _vision_gemms_skipped(m: af.Artifact, wanted: bool | None) -> str | None:
+    """Why the vision GEMM passes will not run on `m`'s vision graph (`wanted` None: where `m` is fused and its
+    fusion did not apply them), or None."""
     fusion = m.export.get("fusion") or {}
     if fusion.get("options", {}).get("vision_gemms"):
-        return {"skipped": "already applied by the fusion"}
-    if wanted is None:
-        wanted = bool(fusion)
-        if not wanted:
-            return {"skipped": "the artifact is not fused"}
-    if not wanted:
-        return {"skipped": "not asked"}
+        return "already applied by the fusion"
+    if wanted is None and not fusion:
+        return "the artifact is not fused"
+    if wanted is False:
+        return "not asked"
+    return None
+
+
+def _vision_gemms(vg, m: af.Artifact, wanted: bool | None, qkv: str = "three") -> dict:
+    """The vision GEMM passes on the vision ModelProto `vg` in place (see _vision_gemms_skipped); {pass: rewrites}
+    or {"skipped": why}."""
+    why = _vision_gemms_skipped(m, wanted)
+    if why:
+        return {"skipped": why}
     from quantize.fuse import vision_gemms
     return vision_gemms(vg, qkv)
 
@@ -394,9 +401,10 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
     vision weights are quantized.  With 8-bit weights they cost no device memory: on an H100 (real size, 2026-12-06,
     docs/perf.md section 18) 2,342.8 MiB after two pages against 2,366.8 without them, vision 15.1 against 16.3 ms;
     with FP16 weights they take 88 MiB more, past that flavour's 3,072 MiB target, hence opt-in there (fuse).
-    vision_qkv (None: "packed" for an ARTIFACT fused for CUDA, else "three"): how those passes hand q, k and v to
-    MultiHeadAttention, as three MatMuls or as one MatMul into its packed q|k|v input (CUDA only; on an H100 135
-    kernels fewer, the vision 0.1-0.2 ms shorter, the same embeddings: docs/perf.md section 24)."""
+    vision_qkv (None: "packed" for an ARTIFACT whose fusion for CUDA already made it CUDA-only, else "three"): how
+    those passes hand q, k and v to MultiHeadAttention, as three MatMuls or as one MatMul into its packed q|k|v input
+    (CUDA only; on an H100 135 kernels fewer, 0.2 ms of vision GPU time less, the same embeddings: docs/perf.md
+    section 24)."""
     if weights not in ("float", "int8"):
         raise ValueError(f"weights must be 'float' or 'int8', not {weights!r}")
     embedding = embedding or weights
@@ -416,14 +424,20 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
     src, out = Path(src), Path(out)
     m = af.read(src)
     from quantize.fuse import VISION_QKV
-    fused_for = (m.export.get("fusion") or {}).get("target")
-    if vision_qkv is not None and vision != "int8":
-        raise ValueError("the vision q|k|v layout belongs to the GEMM passes of 8-bit vision weights (--vision int8)")
-    if vision_qkv is None:
-        vision_qkv = "packed" if fused_for == "cuda" else "three"
-    if vision_qkv not in VISION_QKV:
-        raise ValueError(f"vision q|k|v layout must be one of {VISION_QKV}, not {vision_qkv!r}")
-    if vision_qkv == "packed" and fused_for != "cuda":
+    fusion = m.export.get("fusion") or {}
+    if vision_qkv is not None:
+        if vision != "int8":
+            raise ValueError("the vision q|k|v layout belongs to the GEMM passes of 8-bit vision weights "
+                             "(--vision int8)")
+        if vision_qkv not in VISION_QKV:
+            raise ValueError(f"vision q|k|v layout must be one of {VISION_QKV}, not {vision_qkv!r}")
+        why = _vision_gemms_skipped(m, vision_gemms)
+        if why:
+            raise ValueError(f"{src}: --vision-qkv {vision_qkv} shapes the vision GEMM passes, which do not run here "
+                             f"({why})")
+    else:   # packed where the artifact is CUDA-only already (a fusion for CUDA with its GroupQueryAttention norms)
+        vision_qkv = "packed" if fusion.get("target") == "cuda" and fusion.get("cuda_only_ops") else "three"
+    if vision_qkv == "packed" and fusion.get("target") != "cuda":
         raise ValueError(f"{src}: --vision-qkv packed feeds MultiHeadAttention's packed q|k|v input, which only ONNX "
                          "Runtime's CUDA provider implements: it needs an artifact fused with --target cuda")
     if m.decoder.attention != "gqa" or not m.decoder.select_on_device:
@@ -488,7 +502,7 @@ def native_step_artifact(src: Path, out: Path, progress=None, weights: str = "fl
         written |= {m.vision.file, m.vision.file + ".data"}
         vision_report = {"weights": "int8", "op": "com.microsoft.MatMulNBits", "bits": 8, "block_size": BLOCK,
                          "matmuls_quantized": qdone, "matmuls_total": eligible, "gemm_passes": gemms,
-                         "qkv": None if "skipped" in gemms else vision_qkv}
+                         "qkv": vision_qkv if gemms.get("attention_qkv") else None}
         say(f"vision: {qdone} of {eligible} MatMul weights stored as 8-bit blocks of {BLOCK}")
     copy_unwritten(src, out, m.files, written)
     version = NATIVE_STEP_VERSION[embedding]

@@ -1,4 +1,5 @@
-# Sourced by the one-call GPU measurement scripts (gpu_letterbox.sh, gpu_memory.sh, gpu_vision_attention.sh) after
+# Sourced by the one-call GPU measurement scripts (gpu_letterbox.sh, gpu_memory.sh, gpu_vision_attention.sh,
+# gpu_first_token.sh, gpu_vision_qkv.sh, ...) after
 # `set -uo pipefail`: the repository root as working directory, PYTHONPATH with SITE (/tmp/site, where the staged
 # onnxruntime-gpu wheel is installed) first if it exists, PY, the results folder R (a fresh temporary one, packed
 # into $OUT/results.tar.gz on exit), the work folder W (default $1), IMG (an eval page), say() to print and log a
@@ -22,5 +23,6 @@ finish() { say "done"; tar czf "$OUT/results.tar.gz" -C "$R" .; }
 trap finish EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$R/run.log"
 # the device path's JPEG decoder: without simplejpeg (the [cuda] extra's; stage its wheel beside onnxruntime-gpu) the
-# runtime falls back to Pillow and a first token from the file costs 4-6 ms more (docs/perf.md section 24)
-$PY -c "from edgeocr.preprocess import jpeg_decoder as j; print('jpeg decoder:', j())" 2>&1 | tail -1 | tee -a "$R/run.log"
+# runtime falls back to Pillow and a first token from the file costs 3.4-5.7 ms more (docs/perf.md section 24)
+$PY -c "from edgeocr.preprocess import jpeg_decoder as j; print('jpeg decoder:', j())" 2>&1 | tail -1 \
+  | tee -a "$R/run.log"

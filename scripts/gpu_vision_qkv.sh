@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine (CUDA torch, transformers and onnxruntime-gpu importable; SITE=/tmp/site first on PYTHONPATH if
 # it exists): the 8-bit vision's q, k and v as one packed MatMul into MultiHeadAttention's packed input
-# (`quantize native-step --vision-qkv packed`) against three MatMuls (the default), docs/perf.md section 24.
+# (`quantize native-step --vision-qkv packed`, the default for a CUDA fusion) against three MatMuls (`--vision-qkv
+# three`), docs/perf.md section 24.
 #   1. with MICRO=1 (the default) scripts/gpu_vision_qkv_bench.py: the attention block alone
 #   2. the real-size architecture on random weights, FP16 export (gqa, selection in the graph, 4,096-token cache),
 #      fused for CUDA, made into the 8-bit native-step artifact twice: --vision-qkv three and packed
@@ -20,7 +21,7 @@ say "-- real-size FP16 export, fused for CUDA, 8-bit native step with three and 
 NATIVE=0 realsize_slots 1 >> "$R/run.log" 2>&1 || { say "build failed"; exit 1; }
 F=$W/slots1-fused
 declare -A ART=([three]="$F-native-int8" [packed]="$F-native-int8-packed")
-run native_three 300 $PY -m quantize native-step "$F" "${ART[three]}" --weights int8 || exit 1
+run native_three 300 $PY -m quantize native-step "$F" "${ART[three]}" --weights int8 --vision-qkv three || exit 1
 run native_packed 300 $PY -m quantize native-step "$F" "${ART[packed]}" --weights int8 --vision-qkv packed || exit 1
 run embeddings 120 $PY - "${ART[three]}" "${ART[packed]}" "$R/embeddings.json" <<'EOF'
 import json, sys

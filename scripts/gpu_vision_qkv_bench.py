@@ -1,7 +1,7 @@
 """The vision encoder's attention block on ONNX Runtime CUDA in the two layouts its q, k and v can reach
-MultiHeadAttention in: three projections (what `quantize native-step` writes: three MatMul[NBits], q, k and v
-bias-added and transposed by three kernels) against one packed projection whose columns are in [head, q|k|v, dim]
-order, read by MultiHeadAttention as its packed-QKV input [B, S, N, 3, H] with the same bias.
+MultiHeadAttention in: three projections (`quantize native-step --vision-qkv three`: three MatMul[NBits], q, k and
+v bias-added and transposed by three kernels) against one packed projection whose columns are in [head, q|k|v, dim]
+order, read by MultiHeadAttention as its packed-QKV input [B, S, N, 3, H] with the same bias (`--vision-qkv packed`).
 
     python scripts/gpu_vision_qkv_bench.py [--json OUT.json] [--blocks 4] [--repeats 30]
 

@@ -297,13 +297,17 @@ def test_demo_packed_vision_qkv_on_cuda(tmp_path, monkeypatch):
     from edgeocr.dataset import load_dir
     from edgeocr.prepare import open_preparer
     from quantize.fuse import FuseOptions, fuse_artifact
-    from quantize.native_step import native_step_artifact
+    from quantize.native_step import PACKED_QKV_OP, native_step_artifact
     pages = [p.path for p in load_dir(Path(__file__).resolve().parents[1] / "calibration_data" / "eval")[:3]]
     art = _demo_export(tmp_path, "fast16", precision="fp16", attention="gqa", select_on_device=True)
     fuse_artifact(art, tmp_path / "fused", FuseOptions(target="cuda"))
     arts = {q: native_step_artifact(tmp_path / "fused", tmp_path / q, weights="int8", vision_qkv=None if q == "packed"
                                     else q) for q in ("packed", "three")}
-    assert [arts[q].export["native_step"]["vision"]["qkv"] for q in ("packed", "three")] == ["packed", "three"]
+    layers = arts["three"].model["vision"]["num_layers"]
+    for q in arts:
+        v = arts[q].export["native_step"]["vision"]
+        assert v["qkv"] == q and v["gemm_passes"]["attention_qkv"] == layers
+    assert PACKED_QKV_OP in arts["packed"].export["fusion"]["cuda_only_ops"]
     exact = open_preparer("exact", OCRModel(tmp_path / "packed", device="cuda").image_spec)
     x = np.asarray(exact(pages[0]).pixels, np.float32)
     emb = {}

@@ -885,7 +885,14 @@ def test_int8_vision_packed_qkv_gives_the_three_projection_embeddings(arts, tmp_
         assert v["gemm_passes"] == {"attention_qkv": layers, "patch_gemm": 1} and v["qkv"] == layout
     assert PACKED_QKV_OP in packed.export["fusion"]["cuda_only_ops"]
     assert PACKED_QKV_OP not in three.export["fusion"]["cuda_only_ops"]
-    assert load_problem(packed, "cpu") is not None
+    # a CUDA fusion without GroupQueryAttention's norms loads on the CPU: three stays its default, packed is asked
+    fuse_artifact(arts["b"], tmp_path / "cuda-plain", FuseOptions(target="cuda", gqa_qk_norm=False))
+    plain3 = native_step_artifact(tmp_path / "cuda-plain", tmp_path / "plain3", vision="int8")
+    plainp = native_step_artifact(tmp_path / "cuda-plain", tmp_path / "plainp", vision="int8", vision_qkv="packed")
+    assert plain3.export["native_step"]["vision"]["qkv"] == "three" and load_problem(plain3, "cpu") is None
+    assert plainp.export["native_step"]["vision"]["qkv"] == "packed"
+    assert PACKED_QKV_OP in load_problem(plainp, "cpu")
+    assert plainp.export["fusion"]["cuda_only_ops"] == [PACKED_QKV_OP]
     ops3 = collections.Counter(n.op_type for n in graph(tmp_path / "three").node)
     opsp = collections.Counter(n.op_type for n in graph(tmp_path / "packed").node)
     assert opsp["MatMulNBits"] == ops3["MatMulNBits"] - 2 * layers and opsp["Split"] == 0
@@ -903,3 +910,6 @@ def test_int8_vision_packed_qkv_gives_the_three_projection_embeddings(arts, tmp_
         native_step_artifact(tmp_path / "cuda", tmp_path / "bad2", vision="int8", vision_qkv="interleaved")
     with pytest.raises(ValueError, match="8-bit vision weights"):
         native_step_artifact(tmp_path / "cuda", tmp_path / "bad3", vision="float", vision_qkv="three")
+    with pytest.raises(ValueError, match="do not run here .not asked"):
+        native_step_artifact(tmp_path / "cuda", tmp_path / "bad4", vision="int8", vision_qkv="packed",
+                             vision_gemms=False)

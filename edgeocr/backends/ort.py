@@ -254,8 +254,10 @@ class OrtSession(abc.ABC):
             raise ArtifactError("this artifact was fused for CUDA by an older `quantize fuse` whose decoder runs one "
                                 f"slot only (it has {self.slots}): fuse the exported artifact again")
         if fusion.get("cuda_only_ops") and device != "cuda":
-            raise BackendError("this artifact was fused for ONNX Runtime's CUDA provider; fuse the exported "
-                               "artifact with `python -m quantize fuse --target portable` to run it here")
+            raise BackendError(f"this artifact holds ops only ONNX Runtime's CUDA provider runs "
+                               f"({'; '.join(fusion['cuda_only_ops'])}); fuse the exported artifact with `python -m "
+                               "quantize fuse --target portable` to run it here (a packed vision q|k|v alone: "
+                               "rebuild it with `quantize native-step --vision-qkv three`)")
         if device == "cpu":
             return ["CPUExecutionProvider"], ["CPUExecutionProvider"]
         if device != "cuda":
