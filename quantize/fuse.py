@@ -428,6 +428,30 @@ def _column_matmuls(om, mm, w: np.ndarray, blocks: list[tuple[str, str, int, int
                              name=f"{mm.name}_{nname}") for wname, nname, a, b, out in blocks]
 
 
+def _qkv_projection(om, mha, out2node: dict, in2nodes: dict):
+    """For MultiHeadAttention `mha` fed by MatMul(x, W[C, 3C]) -> Split(q, k, v) (on the last axis, constant sizes,
+    the MatMul read by the Split alone): (matmul, split, W, sizes); else None."""
+    if len(mha.input) < 3 or not all(mha.input[:3]):
+        return None
+    split = _parent(out2node, mha.input[0], "Split")
+    if split is None or list(split.output) != list(mha.input[:3]) or _attr(split, "axis", 0) not in (-1, 2):
+        return None
+    mm = _parent(out2node, split.input[0], "MatMul")
+    w = None if mm is None else _const(om, mm.input[1])
+    if w is None or w.ndim != 2 or len(in2nodes.get(mm.output[0], [])) != 1:
+        return None
+    if len(split.input) > 1 and split.input[1]:
+        sizes = _const(om, split.input[1])
+        if sizes is None:                       # sizes computed in the graph: not matched
+            return None
+    else:
+        sizes = _attr(split, "split")
+    sizes = [w.shape[1] // 3] * 3 if sizes is None else [int(x) for x in np.asarray(sizes).reshape(-1)]
+    if len(sizes) != 3 or sum(sizes) != w.shape[1]:
+        return None
+    return mm, split, w, sizes
+
+
 def unpack_attention_qkv(om) -> int:
     """MatMul(x, W[C, 3C]) -> Split(q, k, v) -> MultiHeadAttention(q, k, v[, bias]) becomes three MatMuls over
     W's column blocks feeding the op directly: the same bytes read, no Split kernel (ONNX Runtime's
@@ -436,26 +460,12 @@ def unpack_attention_qkv(om) -> int:
     out2node, in2nodes = om.output_name_to_node(), om.input_name_to_nodes()
     n = 0
     for mha in list(om.get_nodes_by_op_type("MultiHeadAttention")):
-        if len(mha.input) < 3 or not all(mha.input[:3]):
+        found = _qkv_projection(om, mha, out2node, in2nodes)
+        if found is None:
             continue
-        split = _parent(out2node, mha.input[0], "Split")
-        if split is None or list(split.output) != list(mha.input[:3]) or _attr(split, "axis", 0) not in (-1, 2):
-            continue
-        mm = _parent(out2node, split.input[0], "MatMul")
-        w = None if mm is None else _const(om, mm.input[1])
-        if w is None or w.ndim != 2 or len(in2nodes.get(mm.output[0], [])) != 1:
-            continue
-        if len(split.input) > 1 and split.input[1]:
-            sizes = _const(om, split.input[1])
-            if sizes is None:                       # sizes computed in the graph: not matched
-                continue
-        else:
-            sizes = _attr(split, "split")
-        sizes = [w.shape[1] // 3] * 3 if sizes is None else [int(x) for x in np.asarray(sizes).reshape(-1)]
-        if len(sizes) != 3 or sum(sizes) != w.shape[1]:
-            continue
+        mm, split, w, sizes = found
         ends = np.cumsum(sizes)
-        blocks = [(part, part, int(e - n), int(e), out) for part, n, e, out in zip("qkv", sizes, ends, split.output)]
+        blocks = [(part, part, int(e - k), int(e), out) for part, k, e, out in zip("qkv", sizes, ends, split.output)]
         om.remove_nodes([mm, split])
         om.add_nodes(_column_matmuls(om, mm, w, blocks))
         n += 1
@@ -475,30 +485,18 @@ def pack_attention_qkv(om) -> int:
     outputs = {o.name for o in om.model.graph.output}
     n = 0
     for mha in list(om.get_nodes_by_op_type("MultiHeadAttention")):
-        if len(mha.input) < 3 or not all(mha.input[:3]):
-            continue
+        found = _qkv_projection(om, mha, out2node, in2nodes)
         heads = _attr(mha, "num_heads")
-        split = _parent(out2node, mha.input[0], "Split")
-        if heads is None or split is None or list(split.output) != list(mha.input[:3]) \
-                or _attr(split, "axis", 0) not in (-1, 2):
+        if found is None or heads is None:
+            continue
+        mm, split, w, sizes = found
+        c = w.shape[1] // 3
+        if sizes != [c] * 3 or c % heads:
             continue
         if len(mha.output) > 1 or any(len(mha.input) > i and mha.input[i] for i in (6, 7)):
             continue                        # past / present key and value: the packed input takes none
         if any(len(in2nodes.get(o, [])) != 1 or o in outputs for o in split.output):
             continue                        # q, k or v read elsewhere too
-        mm = _parent(out2node, split.input[0], "MatMul")
-        w = None if mm is None else _const(om, mm.input[1])
-        if w is None or w.ndim != 2 or len(in2nodes.get(mm.output[0], [])) != 1 or w.shape[1] % (3 * heads):
-            continue
-        if len(split.input) > 1 and split.input[1]:
-            sizes = _const(om, split.input[1])
-            if sizes is None:
-                continue
-        else:
-            sizes = _attr(split, "split")
-        c = w.shape[1] // 3
-        if sizes is not None and [int(x) for x in np.asarray(sizes).reshape(-1)] != [c] * 3:
-            continue
         d = c // heads
         perm = np.arange(3 * c).reshape(3, heads, d).transpose(1, 0, 2).reshape(-1)
         tag = mm.name or mha.name

@@ -20,8 +20,9 @@
 # Forms: float / int8 = the default fusion's native-step artifacts (scripts/gpu_realsize.sh), gfloat / gint8 = those of
 # the --vision-gemms fusion.  Since `quantize native-step` applies the vision GEMM passes to 8-bit vision weights
 # (2026-12-06), int8 and gint8 both have them; int8's q, k, v feed MultiHeadAttention packed (its default for a CUDA
-# fusion, 2026-12-07), gint8's as three MatMuls (the fusion applied them); the first runs measured int8 without them.  f16v8 = FP16
-# decoder weights with 8-bit vision weights (native-step --weights float --vision int8), built when a list names it.
+# fusion, 2026-12-07), gint8's as three MatMuls (the fusion applied them); the first runs measured int8 without them.
+# f16v8 = FP16 decoder weights with 8-bit vision weights (native-step --weights float --vision int8), built when a list
+# names it.
 # Steps that would end past DEADLINE seconds (default 560) are skipped and logged.  Everything lands in
 # $OUT/results.tar.gz.
 set -uo pipefail

@@ -33,6 +33,37 @@ PREFILL = [(1093, 4096, 1024), (1093, 1024, 2048), (1093, 3584, 1024), (1093, 10
 FORMS = ("fp16", "b32", "fpa32", "sm90b64", "sm90b128")
 
 
+def q8_blocks(w_nk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """W [N, K] as MatMulNBits' 8-bit blocks of 32: (B [N, blocks, 32] uint8, scales [N, blocks] fp16)."""
+    import torch
+    from onnxruntime.quantization.cuda_quantizer import CudaQuantizer
+
+    b, s = CudaQuantizer.matmulnbits_blockwise_quantize(torch.from_numpy(w_nk.astype(np.float32)), 8, 32,
+                                                        flatten_qweight=False)
+    return b.numpy(), s.numpy().astype(np.float16)
+
+
+def replay(sess, x: np.ndarray, out_shape: list[int], outputs: int, repeats: int):
+    """The session's graph bound to `x` and `outputs` outputs y0.. of `out_shape` (FP16) on the GPU, replayed (a CUDA
+    graph after its first runs): (median ms of `repeats` replays after 5, the output OrtValues)."""
+    import onnxruntime as ort
+
+    xv = ort.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
+    ys = [ort.OrtValue.ortvalue_from_shape_and_type(out_shape, np.float16, "cuda", 0) for _ in range(outputs)]
+    b = sess.io_binding()
+    b.bind_ortvalue_input("x", xv)
+    for i, y in enumerate(ys):
+        b.bind_ortvalue_output(f"y{i}", y)
+    for _ in range(5):
+        sess.run_with_iobinding(b)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sess.run_with_iobinding(b)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), ys
+
+
 def _quantized(w_nk: np.ndarray, form: str):
     """(B [N, blocks, block bytes] uint8, scales [N, blocks] fp16, block, weight_prepacked) for MatMulNBits, or None
     where the form cannot hold this shape."""
@@ -40,13 +71,12 @@ def _quantized(w_nk: np.ndarray, form: str):
     from onnxruntime.quantization.cuda_quantizer import CudaQuantizer
 
     n, k = w_nk.shape
-    w = torch.from_numpy(w_nk.astype(np.float32))
     if form in ("b32", "fpa32"):
-        b, s = CudaQuantizer.matmulnbits_blockwise_quantize(w, 8, 32, flatten_qweight=False)
-        return b.numpy(), s.numpy().astype(np.float16), 32, 0
+        return *q8_blocks(w_nk), 32, 0
     block = 64 if form == "sm90b64" else 128
     if k % block or n % 32:
         return None
+    w = torch.from_numpy(w_nk.astype(np.float32))
     b, s = CudaQuantizer.matmulnbits_prepacked_blockwise_quantize(w, 8, block, force_arch=90)
     return b.numpy(), s.numpy().astype(np.float16), block, 2
 
@@ -107,23 +137,10 @@ def run_one(m: int, n: int, k: int, form: str, nodes: int, repeats: int) -> dict
         sess = ort.InferenceSession(path, so, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
         load_s = time.perf_counter() - t0
     x = (np.random.default_rng(1).standard_normal((m, k)) * 0.5).astype(np.float16)
-    xv = ort.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
-    ys = [ort.OrtValue.ortvalue_from_shape_and_type([m, n], np.float16, "cuda", 0) for _ in range(nodes)]
-    b = sess.io_binding()
-    b.bind_ortvalue_input("x", xv)
-    for i, y in enumerate(ys):
-        b.bind_ortvalue_output(f"y{i}", y)
-    for _ in range(5):
-        sess.run_with_iobinding(b)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        sess.run_with_iobinding(b)
-        times.append((time.perf_counter() - t0) * 1e3)
+    med, ys = replay(sess, x, [m, n], nodes, repeats)
     got = ys[0].numpy().astype(np.float32)
     want = x.astype(np.float32) @ ref
     rel = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-9))
-    med = statistics.median(times)
     return {"form": form, "shape": [m, n, k], "nodes": nodes, "replay_ms": round(med, 4),
             "per_node_us": round(med / nodes * 1e3, 2), "tflops": round(2 * m * n * k * nodes / (med * 1e-3) / 1e12, 1),
             "rel_err": rel, "load_s": round(load_s, 2)}

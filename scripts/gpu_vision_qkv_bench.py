@@ -13,24 +13,15 @@ layout's output is checked against the three-projection one built from the same 
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 
+from gpu_matmul_nbits_bench import q8_blocks, replay    # the script's folder is on sys.path when it runs
+
 S, C, HEADS = 4096, 1152, 16
 D = C // HEADS
-
-
-def _q8(w_nk: np.ndarray):
-    import torch
-    from onnxruntime.quantization.cuda_quantizer import CudaQuantizer
-
-    b, s = CudaQuantizer.matmulnbits_blockwise_quantize(torch.from_numpy(w_nk.astype(np.float32)), 8, 32,
-                                                        flatten_qweight=False)
-    return b.numpy(), s.numpy().astype(np.float16)
 
 
 def _proj(inits, nodes, x: str, w_kn: np.ndarray, name: str, out: str, weights: str) -> None:
@@ -41,7 +32,7 @@ def _proj(inits, nodes, x: str, w_kn: np.ndarray, name: str, out: str, weights: 
         inits.append(numpy_helper.from_array(np.ascontiguousarray(w_kn.astype(np.float16)), name))
         nodes.append(helper.make_node("MatMul", [x, name], [out]))
     else:
-        b, s = _q8(np.ascontiguousarray(w_kn.T))
+        b, s = q8_blocks(np.ascontiguousarray(w_kn.T))
         inits += [numpy_helper.from_array(b, name + "_b"), numpy_helper.from_array(s, name + "_s")]
         nodes.append(helper.make_node("MatMulNBits", [x, name + "_b", name + "_s"], [out], domain="com.microsoft",
                                       K=k, N=n, bits=8, block_size=32))
@@ -83,20 +74,7 @@ def run(layout: str, weights: str, blocks: int, repeats: int, x: np.ndarray) -> 
         p = os.path.join(d, "m.onnx")
         onnx.save(build(layout, weights, blocks), p)
         sess = ort.InferenceSession(p, providers=[("CUDAExecutionProvider", {"enable_cuda_graph": "1"})])
-    xv = ort.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
-    ys = [ort.OrtValue.ortvalue_from_shape_and_type([1, S, C], np.float16, "cuda", 0) for _ in range(blocks)]
-    b = sess.io_binding()
-    b.bind_ortvalue_input("x", xv)
-    for i, y in enumerate(ys):
-        b.bind_ortvalue_output(f"y{i}", y)
-    for _ in range(5):
-        sess.run_with_iobinding(b)
-    t = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        sess.run_with_iobinding(b)
-        t.append((time.perf_counter() - t0) * 1e3)
-    med = statistics.median(t)
+    med, ys = replay(sess, x, [1, S, C], blocks, repeats)
     return {"layout": layout, "weights": weights, "blocks": blocks, "replay_ms": round(med, 4),
             "per_block_us": round(med / blocks * 1e3, 2)}, ys[0].numpy()
 
