@@ -62,3 +62,23 @@ def test_admission_timeline_names_the_gaps_and_the_host_calls_in_them():
     assert r["gaps"] == [{"us": 60.0, "after": "vision_c", "before": "Memcpy DtoD",
                           "host_calls": {"cudaMemcpy": 2, "cudaStreamSynchronize": 1}}]
     assert r["from_pixels_ms"] == 0.5
+
+
+def test_rope_forms_compute_the_layout_b_rope():
+    """scripts/gpu_rope_bench.py times ONNX formulations of the prefill's RoPE on the GPU; each must compute the
+    same layout-B product (every dim its own angle, the value heads untouched) as numpy, or its timing means
+    nothing.  Checked on the CPU provider at a small length, every copy's output."""
+    import numpy as np
+
+    rb = _script("gpu_rope_bench")
+    s, heads, d = 6, 32, 128
+    x = np.random.default_rng(3).standard_normal((1, s, heads, d)).astype(np.float16)
+    cos, sin = rb.tables(s, heads, 24, d, seed=4)
+    xf = x.astype(np.float32)
+    assert np.array_equal(xf @ rb.rotate_half_matrix(d), np.concatenate([-xf[..., d // 2:], xf[..., :d // 2]], -1))
+    want = rb.reference(x[0], cos, sin)[None]
+    assert np.abs(want[:, :, 24:] - xf[:, :, 24:]).max() == 0       # the value heads pass through
+    for form in rb.FORMS:
+        sess = rb.session(form, s, heads, d, 3, cos, sin, ["CPUExecutionProvider"])
+        for y in sess.run(None, {"x": x}):
+            assert np.abs(y.astype(np.float32) - want).max() < 1e-2, form
