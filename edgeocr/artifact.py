@@ -261,6 +261,17 @@ def onnxruntime_shortfall(art: Artifact, installed: str) -> str | None:
             "without that graph feature")
 
 
+def cuda_only_problem(art: Artifact) -> str | None:
+    """None when the artifact's graphs run on every ONNX Runtime provider, else what holds them to the CUDA one and
+    how to rebuild it (the runtime's refusal off CUDA and `edgeocr doctor` say the same)."""
+    ops = (art.export.get("fusion") or {}).get("cuda_only_ops")
+    if not ops:
+        return None
+    return (f"this artifact holds ops only ONNX Runtime's CUDA provider runs ({'; '.join(ops)}); fuse the exported "
+            "artifact with `python -m quantize fuse --target portable` to run it elsewhere (a packed vision q|k|v "
+            "alone: rebuild it with `quantize native-step --vision-qkv three`)")
+
+
 def _stated_requirement(directory: Path, art: Artifact) -> Artifact:
     """The artifact with `runtime` computed from its graphs on disk (op types only; no weights are read).
     Every toolchain writer goes through write(), so each artifact states what its own graphs need."""

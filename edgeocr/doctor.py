@@ -17,10 +17,10 @@ def _line(ok: bool | str | None, what: str, detail: str) -> None:
 
 def load_problem(art, device: str) -> str | None:
     """Why `art` cannot load with ONNX Runtime on `device` at all (a failure, not a poor fit), or None."""
-    if device == "cpu" and (ops := art.export.get("fusion", {}).get("cuda_only_ops")):
-        return (f"holds ops only ONNX Runtime's CUDA provider runs ({'; '.join(ops)}): it does not load on the CPU; "
-                "fuse the exported artifact with --target portable (a packed vision q|k|v alone: rebuild it with "
-                "`quantize native-step --vision-qkv three`)")
+    from edgeocr.artifact import cuda_only_problem
+
+    if device == "cpu" and (why := cuda_only_problem(art)):
+        return why
     if art.decoder.native_step:
         if art.decoder.step_state:
             return "native-step weights with a step-state decoder: no session runs both; rebuild one of them"

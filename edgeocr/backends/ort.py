@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeocr.artifact import Artifact
+from edgeocr.artifact import Artifact, cuda_only_problem
 from edgeocr.backends.memory import Buffer, CudaMemory, HostMemory
 from edgeocr.errors import ArtifactError, BackendError
 from edgeocr.ort_options import CUDA_STACK_ENV, PREFILL_GRAPH_ENV, VISION_ARENA_ENV, VISION_GRAPH_ENV
@@ -253,11 +253,8 @@ class OrtSession(abc.ABC):
         if fusion.get("target") == "cuda" and fusion.get("version", 0) < 3 and self.slots > 1:
             raise ArtifactError("this artifact was fused for CUDA by an older `quantize fuse` whose decoder runs one "
                                 f"slot only (it has {self.slots}): fuse the exported artifact again")
-        if fusion.get("cuda_only_ops") and device != "cuda":
-            raise BackendError(f"this artifact holds ops only ONNX Runtime's CUDA provider runs "
-                               f"({'; '.join(fusion['cuda_only_ops'])}); fuse the exported artifact with `python -m "
-                               "quantize fuse --target portable` to run it here (a packed vision q|k|v alone: "
-                               "rebuild it with `quantize native-step --vision-qkv three`)")
+        if device != "cuda" and (why := cuda_only_problem(self.art)):
+            raise BackendError(why)
         if device == "cpu":
             return ["CPUExecutionProvider"], ["CPUExecutionProvider"]
         if device != "cuda":
